@@ -1,0 +1,35 @@
+"""alea_trl: train language models to decide and to forecast inside environments, with TRL."""
+
+from transformers import AutoConfig, AutoModel
+
+from .losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
+from .modeling_alea import AleaConfig, AleaModel, AleaOutput
+from .packing import PackedBatch, PackedRequest, collate_segments, mask_from_segments, pack_request
+from .questions import ACT_QID, QTYPES, TAUS, Decision, Question, validate_targets
+
+
+AutoConfig.register("alea", AleaConfig, exist_ok=True)
+AutoModel.register(AleaConfig, AleaModel, exist_ok=True)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ACT_QID",
+    "QTYPES",
+    "TAUS",
+    "AleaConfig",
+    "AleaModel",
+    "AleaOutput",
+    "Decision",
+    "PackedBatch",
+    "PackedRequest",
+    "Question",
+    "bernoulli_brier",
+    "choice_loss",
+    "collate_segments",
+    "crps_loss",
+    "mask_from_segments",
+    "pack_request",
+    "pinball_loss",
+    "validate_targets",
+]

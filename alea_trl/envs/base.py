@@ -1,0 +1,119 @@
+"""The environment contract shared by every Alea environment.
+
+Design decisions:
+1. An environment is a plain Python object (no gym dependency): ``reset(rng)``, ``observe()``, ``step(action)``,
+   ``oracle_targets()``, ``action_rewards()``, ``oracle_action()``, ``done`` and ``dense``. A user's own env is any
+   object with this shape; subclassing :class:`AleaEnv` only buys the argument checks below.
+2. All randomness flows from the ``numpy.random.Generator`` given to ``reset``; the env keeps it, so the same seed and
+   the same actions replay an episode exactly, and a pickled or deep-copied env continues identically.
+3. Misuse fails loudly: an action out of range raises ``ValueError``; ``step`` or ``observe`` before ``reset`` or
+   after the episode ended raises ``RuntimeError``. Both messages name the env.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..questions import Decision
+
+
+class AleaEnv:
+    """Base class of Alea environments.
+
+    Subclasses set ``name`` and ``dense`` and implement ``_reset``, ``_observe``, ``_step``, ``oracle_targets`` and
+    ``oracle_action`` (plus ``action_rewards`` when dense). The public methods wrap them with the checks every env
+    needs.
+
+    Contract:
+        - ``reset(rng) -> self``: start a new episode; all randomness of the episode comes from ``rng``.
+        - ``observe() -> Decision``: the current decision point; the same until ``step`` is called.
+        - ``oracle_targets() -> dict[qid, target]``: exact answers to the report questions of ``observe()``.
+        - ``action_rewards() -> list[float] | None``: dense envs: the exact expected reward of every legal action,
+          given everything the state text says; outcome envs: ``None``.
+        - ``step(action) -> (reward, done)``: apply the action (an index into the act options).
+        - ``oracle_action() -> int``: the best known action (exact for dense envs, Bayes-optimal or game-theoretic
+          for outcome envs).
+    """
+
+    name: str = "env"
+    dense: bool = False
+
+    def __init__(self):
+        self.rng: np.random.Generator | None = None
+        self._done = True
+        self._started = False
+
+    # ----------------------------------------------------------------------------------------------------- contract
+    def reset(self, rng: np.random.Generator) -> AleaEnv:
+        """Start a new episode drawing all randomness from ``rng``; returns the env itself."""
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(f"env {self.name!r}: reset(rng) needs a numpy.random.Generator, got {type(rng).__name__}")
+        self.rng = rng
+        self._done = False
+        self._started = True
+        self._reset(rng)
+        return self
+
+    @property
+    def done(self) -> bool:
+        """Whether the episode has ended (``True`` before the first ``reset``)."""
+        return self._done
+
+    def observe(self) -> Decision:
+        """The current decision point."""
+        self._check_live("observe")
+        return self._observe()
+
+    def step(self, action: int) -> tuple[float, bool]:
+        """Apply ``action`` (an index into the act options); returns ``(reward, done)``."""
+        self._check_live("step")
+        n_legal = self.n_legal()
+        if isinstance(action, bool) or not isinstance(action, (int, np.integer)):
+            raise ValueError(f"env {self.name!r}: field 'action': must be an integer index, got {action!r}")
+        if not 0 <= int(action) < n_legal:
+            raise ValueError(
+                f"env {self.name!r}: field 'action': {int(action)} is out of range, this decision has {n_legal} "
+                f"legal actions (0..{n_legal - 1})"
+            )
+        reward, done = self._step(int(action))
+        self._done = bool(done)
+        return float(reward), self._done
+
+    def action_rewards(self) -> list[float] | None:
+        """Exact expected reward of every legal action (dense envs), ``None`` for outcome envs."""
+        return None
+
+    def oracle_targets(self) -> dict:
+        """Exact targets of the report questions of the current decision."""
+        raise NotImplementedError
+
+    def oracle_action(self) -> int:
+        """The best known action at the current decision."""
+        raise NotImplementedError
+
+    def n_legal(self) -> int:
+        """Number of legal actions at the current decision."""
+        return self.observe().n_legal
+
+    # ------------------------------------------------------------------------------------------------ subclass hooks
+    def _reset(self, rng: np.random.Generator) -> None:
+        raise NotImplementedError
+
+    def _observe(self) -> Decision:
+        raise NotImplementedError
+
+    def _step(self, action: int) -> tuple[float, bool]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------------------- helpers
+    def _check_live(self, what: str) -> None:
+        if not self._started:
+            raise RuntimeError(f"env {self.name!r}: {what}() called before reset(rng)")
+        if self._done:
+            raise RuntimeError(f"env {self.name!r}: {what}() called after the episode ended; call reset(rng) first")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, dense={self.dense}, done={self._done})"
+
+
+__all__ = ["AleaEnv"]

@@ -1,0 +1,40 @@
+"""A plain registry of environment factories: ``register_env(name, factory)``, ``make_env(name, **kwargs)``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+_REGISTRY: dict[str, Callable] = {}
+
+
+def register_env(name: str, factory: Callable, overwrite: bool = False) -> None:
+    """Register ``factory`` (a class or any callable returning an env) under ``name``.
+
+    Args:
+        name (`str`): the name ``make_env`` and the trainer's ``envs`` list use.
+        factory (`Callable`): called as ``factory(**kwargs)``; must return an object with the env contract.
+        overwrite (`bool`, defaults to `False`): replace an existing registration instead of raising.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_env: field 'name': must be a non-empty string, got {name!r}")
+    if not callable(factory):
+        raise ValueError(f"register_env: env {name!r}: field 'factory': must be callable, got {factory!r}")
+    if name in _REGISTRY and not overwrite and _REGISTRY[name] is not factory:
+        raise ValueError(f"register_env: env {name!r} is already registered; pass overwrite=True to replace it")
+    _REGISTRY[name] = factory
+
+
+def make_env(name: str, **kwargs):
+    """Build a registered environment; the episode starts with ``env.reset(rng)``."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown env {name!r}; registered envs: {sorted(_REGISTRY)} (see register_env)")
+    return _REGISTRY[name](**kwargs)
+
+
+def list_envs() -> list[str]:
+    """Names of the registered environments, sorted."""
+    return sorted(_REGISTRY)
+
+
+__all__ = ["list_envs", "make_env", "register_env"]

@@ -1,0 +1,325 @@
+"""AleaModel: a decoder backbone plus four small answer heads read off packed decisions.
+
+Design decisions:
+1. Any decoder that ``transformers.AutoModel`` builds is a backbone (Qwen3 by default; Llama- and GPT-2-style work).
+   Only its hidden states are used, never the LM head.
+2. Heads read the hidden state of the last token of each question (score, noul, regress) and of each option
+   (choice). Every head runs on every question read-out: the heads are tiny, and a forward that touches every
+   parameter keeps DDP happy without ``find_unused_parameters``.
+3. Regress quantiles are monotone by construction: a base plus the cumulative sum of softplus increments.
+4. Input-side extras (segment-role embeddings, hashed bigram / trigram embeddings) are zero-initialised, so a
+   pretrained backbone computes exactly what it did before at step 0. N-grams follow ``prev_ids`` from packing, so
+   they see the same history packed and unpacked.
+5. ``AleaConfig`` nests the backbone config as ``text_config`` (the transformers convention for composite models), so
+   a checkpoint is one ``config.json`` + safetensors and loads with ``AutoModel.from_pretrained`` after
+   ``import alea_trl``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from huggingface_hub.dataclasses import strict
+from torch import nn
+from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
+from transformers import initialization as init
+from transformers.configuration_utils import SubConfigSpec
+from transformers.utils import ModelOutput
+
+from .packing import block_mask_from_segments, collate_segments, mask_from_segments, pack_request
+from .questions import TAUS, Decision
+
+
+@strict
+class AleaConfig(PreTrainedConfig):
+    r"""Configuration of an [`AleaModel`]: the backbone's config plus the head settings.
+
+    Args:
+        text_config (`dict` or `PreTrainedConfig`, *optional*):
+            Config of the decoder backbone (any model type ``AutoModel`` knows). Defaults to a Qwen3 config.
+        max_score_bins (`int`, *optional*, defaults to 32):
+            Width of the score head; a score question uses its first ``n_bins`` logits.
+        taus (`list[float]`, *optional*, defaults to `TAUS`):
+            Quantile levels of the regress head.
+        use_aux_embed (`bool`, *optional*, defaults to `False`):
+            Add learned segment-role embeddings (state / question / option), zero-initialised.
+        use_ngram (`bool`, *optional*, defaults to `False`):
+            Add a hashed bigram embedding table to the token embeddings, zero-initialised.
+        use_ngram2 (`bool`, *optional*, defaults to `False`):
+            Add a hashed trigram embedding table to the token embeddings, zero-initialised.
+        ngram_buckets (`int`, *optional*, defaults to 16384):
+            Rows of each hashed n-gram table.
+        initializer_range (`float`, *optional*, defaults to 0.02):
+            Std of the normal initialisation of the heads.
+    """
+
+    model_type = "alea"
+    sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="qwen3")}
+
+    text_config: dict | PreTrainedConfig | None = None
+    max_score_bins: int = 32
+    taus: list[float] | tuple[float, ...] = TAUS
+    use_aux_embed: bool = False
+    use_ngram: bool = False
+    use_ngram2: bool = False
+    ngram_buckets: int = 16384
+    initializer_range: float = 0.02
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.taus = [float(t) for t in self.taus]
+        if any(not 0.0 < t < 1.0 for t in self.taus) or self.taus != sorted(self.taus):
+            raise ValueError(f"AleaConfig: field 'taus': must be increasing levels in (0, 1), got {self.taus}")
+        if self.max_score_bins < 2:
+            raise ValueError(f"AleaConfig: field 'max_score_bins': must be >= 2, got {self.max_score_bins}")
+
+    @property
+    def hidden_size(self) -> int:
+        return self.text_config.hidden_size
+
+
+@dataclass
+class AleaOutput(ModelOutput):
+    """Outputs of [`AleaModel`] for a packed batch (NQ question read-outs, NO option read-outs).
+
+    Args:
+        option_logits (`torch.FloatTensor` of shape `(NO,)`): choice-head logit of every option.
+        choice_logits (`torch.FloatTensor` of shape `(NQ, max_options)`): option logits grouped per question,
+            ``-inf`` where a question has no such option (rows of non-choice questions are all ``-inf``).
+        score_logits (`torch.FloatTensor` of shape `(NQ, max_score_bins)`): score-head logits, ``-inf`` past each score
+            question's ``n_bins``.
+        noul_logits (`torch.FloatTensor` of shape `(NQ,)`): noul-head logit of p_yes.
+        quantiles (`torch.FloatTensor` of shape `(NQ, T)`): regress-head quantiles at ``config.taus``.
+    """
+
+    option_logits: torch.FloatTensor | None = None
+    choice_logits: torch.FloatTensor | None = None
+    score_logits: torch.FloatTensor | None = None
+    noul_logits: torch.FloatTensor | None = None
+    quantiles: torch.FloatTensor | None = None
+
+
+class QuantileHead(nn.Module):
+    """hidden -> ``n_taus`` non-decreasing quantiles (base + cumulative softplus increments)."""
+
+    def __init__(self, hidden_size: int, n_taus: int):
+        super().__init__()
+        self.proj = nn.Linear(hidden_size, n_taus)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        raw = self.proj(hidden).float()  # (N, T)
+        steps = F.softplus(raw[:, 1:])  # (N, T-1)
+        return torch.cat([raw[:, :1], raw[:, :1] + steps.cumsum(-1)], dim=-1)  # (N, T)
+
+
+class AleaPreTrainedModel(PreTrainedModel):
+    config_class = AleaConfig
+    base_model_prefix = "alea"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+
+    def _init_weights(self, module):
+        extras = [getattr(self, name, None) for name in ("aux_embed", "ngram", "ngram2")]
+        if any(module is extra for extra in extras if extra is not None):
+            init.zeros_(module.weight)  # neutral at step 0: the backbone computes what it did before
+        else:
+            super()._init_weights(module)
+
+
+def _hash_ngram(ids: Sequence[torch.Tensor], buckets: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bucket of the n-gram ending at each token, and whether the whole n-gram exists (no -1 in it)."""
+    valid = torch.ones_like(ids[0], dtype=torch.bool)
+    h = torch.zeros_like(ids[0])
+    for t in ids:
+        valid &= t >= 0
+        h = (h * 1_000_003 + t.clamp(min=0)) % buckets
+    return h, valid
+
+
+class AleaModel(AleaPreTrainedModel):
+    """A decoder backbone with choice, score, noul and regress heads, answering every question of a packed decision
+    in one forward pass.
+
+    Build one around a pretrained (or config-built) backbone with [`AleaModel.from_backbone`], reload a saved one with
+    ``from_pretrained``, and answer decisions with [`AleaModel.predict`].
+    """
+
+    def __init__(self, config: AleaConfig, backbone: PreTrainedModel | None = None):
+        super().__init__(config)
+        self.backbone = backbone if backbone is not None else AutoModel.from_config(config.text_config)
+        hidden = config.hidden_size
+        self.choice_head = nn.Linear(hidden, 1)
+        self.score_head = nn.Linear(hidden, config.max_score_bins)
+        self.noul_head = nn.Linear(hidden, 1)
+        self.regress_head = QuantileHead(hidden, len(config.taus))
+        self.aux_embed = nn.Embedding(3, hidden) if config.use_aux_embed else None
+        self.ngram = nn.Embedding(config.ngram_buckets, hidden) if config.use_ngram else None
+        self.ngram2 = nn.Embedding(config.ngram_buckets, hidden) if config.use_ngram2 else None
+        self.post_init()
+
+    @classmethod
+    def from_backbone(cls, name_or_path_or_config, backbone_kwargs: dict | None = None, **head_kwargs) -> AleaModel:
+        """Build a fresh AleaModel (new heads) around a backbone.
+
+        Args:
+            name_or_path_or_config (`str`, `os.PathLike` or `PreTrainedConfig`):
+                A Hub id or local directory of a pretrained decoder (its weights are loaded), or a config (the
+                backbone is randomly initialised).
+            backbone_kwargs (`dict`, *optional*):
+                Passed to ``AutoModel.from_pretrained`` / ``from_config`` (e.g. ``dtype``, ``attn_implementation``).
+            **head_kwargs: [`AleaConfig`] fields (``max_score_bins``, ``use_aux_embed``, ...).
+        """
+        backbone_kwargs = dict(backbone_kwargs or {})
+        if isinstance(name_or_path_or_config, PreTrainedConfig):
+            backbone = AutoModel.from_config(name_or_path_or_config, **backbone_kwargs)
+        else:
+            backbone = AutoModel.from_pretrained(name_or_path_or_config, **backbone_kwargs)
+        # the composite config propagates its attention implementation to the backbone's: keep the backbone's
+        attn = backbone.config._attn_implementation
+        config = AleaConfig(text_config=backbone.config, attn_implementation=attn, **head_kwargs)
+        model = cls(config, backbone=backbone)
+        return model.to(backbone.dtype)
+
+    # --------------------------------------------------------------------------------------------------- forward
+    def get_input_embeddings(self):
+        return self.backbone.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.backbone.set_input_embeddings(value)
+
+    def _embed(self, input_ids, role_ids, prev_ids, prev2_ids) -> torch.Tensor:
+        embeds = self.backbone.get_input_embeddings()(input_ids)  # (B, L, H)
+        if self.aux_embed is not None and role_ids is not None:
+            embeds = embeds + self.aux_embed(role_ids)
+        if self.ngram is not None and prev_ids is not None:
+            bucket, valid = _hash_ngram([prev_ids, input_ids], self.config.ngram_buckets)
+            embeds = embeds + self.ngram(bucket) * valid[..., None]
+        if self.ngram2 is not None and prev_ids is not None and prev2_ids is not None:
+            bucket, valid = _hash_ngram([prev2_ids, prev_ids, input_ids], self.config.ngram_buckets)
+            embeds = embeds + self.ngram2(bucket) * valid[..., None]
+        return embeds
+
+    def attention_mask_for(self, question_seg: torch.Tensor, option_seg: torch.Tensor):
+        """The attention mask this model's attention implementation needs: a FlexAttention ``BlockMask`` under
+        ``flex_attention``, else the additive float mask in the compute dtype."""
+        if self.backbone.config._attn_implementation == "flex_attention":
+            return block_mask_from_segments(question_seg, option_seg)
+        return mask_from_segments(question_seg, option_seg, self.dtype)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        position_ids: torch.LongTensor,
+        question_seg: torch.LongTensor,
+        option_seg: torch.LongTensor,
+        question_index: torch.LongTensor,
+        question_bins: torch.LongTensor,
+        option_index: torch.LongTensor,
+        option_question: torch.LongTensor,
+        role_ids: torch.LongTensor | None = None,
+        prev_ids: torch.LongTensor | None = None,
+        prev2_ids: torch.LongTensor | None = None,
+        attention_mask=None,
+        **kwargs,
+    ) -> AleaOutput:
+        """Answer every question of a packed batch (the tensors of a [`PackedBatch`], see ``model_inputs()``).
+
+        ``attention_mask`` is built from the segments when not given. Extra keys of a ``PackedBatch`` that the heads
+        do not need (``question_type``, ``question_options``, ``question_row``) are accepted and ignored.
+        """
+        if attention_mask is None:
+            attention_mask = self.attention_mask_for(question_seg, option_seg)
+        embeds = self._embed(input_ids, role_ids, prev_ids, prev2_ids)
+        hidden = self.backbone(
+            inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state  # (B, L, H)
+        q_hidden = hidden[question_index[:, 0], question_index[:, 1]]  # (NQ, H)
+        o_hidden = hidden[option_index[:, 0], option_index[:, 1]]  # (NO, H)
+        n_q = q_hidden.shape[0]
+
+        option_logits = self.choice_head(o_hidden).squeeze(-1).float()  # (NO,)
+        # rank of each option inside its question, to scatter into (NQ, max_options)
+        counts = torch.bincount(option_question, minlength=n_q)  # (NQ,)
+        starts = torch.cumsum(counts, 0) - counts  # (NQ,)
+        rank = torch.arange(option_question.shape[0], device=option_question.device) - starts[option_question]
+        width = int(counts.max()) if counts.numel() and option_question.numel() else 1
+        choice_logits = option_logits.new_full((n_q, width), float("-inf"))
+        choice_logits = choice_logits.index_put((option_question, rank), option_logits)  # (NQ, O)
+
+        score_logits = self.score_head(q_hidden).float()  # (NQ, S)
+        bins = torch.arange(score_logits.shape[-1], device=score_logits.device)
+        limit = torch.where(question_bins > 0, question_bins, score_logits.shape[-1])  # (NQ,)
+        score_logits = score_logits.masked_fill(bins[None, :] >= limit[:, None], float("-inf"))
+
+        noul_logits = self.noul_head(q_hidden).squeeze(-1).float()  # (NQ,)
+        quantiles = self.regress_head(q_hidden)  # (NQ, T)
+        return AleaOutput(
+            option_logits=option_logits,
+            choice_logits=choice_logits,
+            score_logits=score_logits,
+            noul_logits=noul_logits,
+            quantiles=quantiles,
+        )
+
+    # --------------------------------------------------------------------------------------------------- inference
+    @staticmethod
+    def answers_from_output(output: AleaOutput, questions: Sequence[Sequence]) -> list[dict]:
+        """Turn a forward's flat outputs into one ``{qid: answer}`` dict per decision (see :meth:`predict`)."""
+        results, flat = [], 0
+        for qs in questions:
+            answers = {}
+            for q in qs:
+                if q.qtype == "choice":
+                    answers[q.qid] = torch.softmax(output.choice_logits[flat, : len(q.options)], -1)
+                elif q.qtype == "score":
+                    answers[q.qid] = torch.softmax(output.score_logits[flat, : q.n_bins], -1)
+                elif q.qtype == "noul":
+                    answers[q.qid] = float(torch.sigmoid(output.noul_logits[flat]))
+                else:
+                    answers[q.qid] = output.quantiles[flat]
+                flat += 1
+            results.append(answers)
+        return results
+
+    @torch.no_grad()
+    def predict(
+        self,
+        decisions: Sequence[Decision],
+        tokenizer,
+        max_len: int | None = None,
+        batch_size: int = 16,
+    ) -> list[dict]:
+        """Answer every question of each decision.
+
+        Args:
+            decisions (`Sequence[Decision]`): the decision points.
+            tokenizer: the tokenizer of the backbone.
+            max_len (`int`, *optional*): raise `ValueError` for decisions that pack to more tokens.
+            batch_size (`int`, defaults to 16): decisions per forward.
+
+        Returns:
+            `list[dict]`: for each decision, ``{qid: answer}`` with choice / score answers as probability tensors over
+            the options / bins, noul answers as the float p_yes, regress answers as a tensor of quantiles at
+            ``config.taus``.
+        """
+        was_training = self.training
+        self.eval()
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        results = []
+        for start in range(0, len(decisions), batch_size):
+            chunk = decisions[start : start + batch_size]
+            packed = [pack_request(tokenizer, d.state, d.questions, max_len=max_len, env=d.env) for d in chunk]
+            batch = collate_segments(packed, pad_id or 0).to(self.device)
+            output = self(**batch.model_inputs())
+            results += self.answers_from_output(output, batch.questions)
+        self.train(was_training)
+        return results
+
+
+__all__ = ["TAUS", "AleaConfig", "AleaModel", "AleaOutput", "AleaPreTrainedModel"]

@@ -1,0 +1,379 @@
+"""Shared-prefix packing: one decision (a state and all its questions and options) becomes one sequence.
+
+Design decisions:
+1. Layout ``[state][q1][q1.opt1][q1.opt2]...[q2]...``. The state is paid once; every question and option is a short
+   segment after it.
+2. Position ids: the state is ``0..S-1``; every question restarts at ``S`` and its options continue after it, so each
+   question is positioned as if it came straight after the state.
+3. Attention (causal inside each segment): state -> state; question -> state + itself; option -> state + its
+   question + itself. Nothing sees a sibling question or option. Hence the packed forward gives every question and
+   option exactly the hidden states of a separate forward of ``state + question (+ option)``: this is the module's
+   contract and its main test.
+4. Two per-token labels describe the structure: ``question_seg`` (0 for the state, ``i+1`` for question ``i`` and its
+   options, -1 for padding) and ``option_seg`` (0 for state and question tokens, ``j+1`` for option ``j``). Both the
+   dense additive mask and the FlexAttention ``BlockMask`` are built from them, so the two paths cannot disagree.
+5. ``parent`` gives each token the index of the previous token of its own logical sequence (the last state token
+   for a question's first token, the question's last token for an option's first token), so n-gram features see
+   the same history packed and unpacked.
+6. Nothing is truncated silently: a decision longer than ``max_len`` raises ``ValueError`` with the token count and
+   the limit, unless ``truncate_state=True`` asks for the state to be cut from the left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .questions import QTYPES, Question
+
+
+QUESTION_TEMPLATE = "\nQuestion: {text}\nAnswer:"
+"""How a question segment reads after the state."""
+
+OPTION_TEMPLATE = " {option}"
+"""How an option segment reads after its question."""
+
+ROLE_STATE, ROLE_QUESTION, ROLE_OPTION = 0, 1, 2
+
+
+@dataclass
+class PackedRequest:
+    """One decision packed into one token sequence (plain Python lists; see :func:`collate_segments`).
+
+    Attributes:
+        input_ids (`list[int]`): the packed tokens.
+        position_ids (`list[int]`): restarted positions (see the module docstring).
+        question_seg (`list[int]`): 0 for state tokens, ``i+1`` for tokens of question ``i`` and its options.
+        option_seg (`list[int]`): 0 for state and question tokens, ``j+1`` for tokens of option ``j``.
+        parent (`list[int]`): index of the previous token of the same logical sequence, -1 for the first token.
+        questions (`tuple[Question, ...]`): the questions, in packing order.
+        question_readout (`list[int]`): index of the last token of each question.
+        option_readout (`list[list[int]]`): per question, the index of the last token of each option (empty for
+            non-choice questions).
+        n_state_tokens (`int`): tokens of the state (after any requested truncation).
+        n_state_dropped (`int`): state tokens dropped from the left because ``truncate_state=True``.
+    """
+
+    input_ids: list[int]
+    position_ids: list[int]
+    question_seg: list[int]
+    option_seg: list[int]
+    parent: list[int]
+    questions: tuple[Question, ...]
+    question_readout: list[int]
+    option_readout: list[list[int]]
+    n_state_tokens: int
+    n_state_dropped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def pack_request(
+    tokenizer,
+    state: str,
+    questions: Sequence[Question],
+    max_len: int | None = None,
+    truncate_state: bool = False,
+    env: str | None = None,
+) -> PackedRequest:
+    """Pack a state and its questions into one sequence.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (called with ``add_special_tokens=False``).
+        state (`str`): the state text.
+        questions (`Sequence[Question]`): the questions (a `Decision`'s ``questions``).
+        max_len (`int`, *optional*): the most tokens the packed sequence may have.
+        truncate_state (`bool`, defaults to `False`): when the sequence is too long, drop state tokens from the left
+            until it fits (never the questions or options) instead of raising.
+        env (`str`, *optional*): env name for error messages.
+
+    Returns:
+        `PackedRequest`
+
+    Raises:
+        ValueError: when the packed sequence is longer than ``max_len`` (the message gives both numbers), or a
+            question or option encodes to no tokens.
+    """
+    where = f"env {env!r}: " if env is not None else ""
+    state_ids = _encode(tokenizer, state)
+    if not state_ids:
+        raise ValueError(f"{where}field 'state': encodes to no tokens")
+    q_ids, o_ids = [], []
+    for q in questions:
+        ids = _encode(tokenizer, QUESTION_TEMPLATE.format(text=q.text))
+        if not ids:
+            raise ValueError(f"{where}question {q.qid!r}, field 'text': encodes to no tokens")
+        q_ids.append(ids)
+        opts = []
+        for opt in q.options or ():
+            ids = _encode(tokenizer, OPTION_TEMPLATE.format(option=opt))
+            if not ids:
+                raise ValueError(f"{where}question {q.qid!r}, field 'options': option {opt!r} encodes to no tokens")
+            opts.append(ids)
+        o_ids.append(opts)
+    tail = sum(len(a) for a in q_ids) + sum(len(b) for opts in o_ids for b in opts)
+    dropped = 0
+    if max_len is not None and len(state_ids) + tail > max_len:
+        total = len(state_ids) + tail
+        if not truncate_state or tail >= max_len:
+            raise ValueError(
+                f"{where}field 'state': the decision packs to {total} tokens ({len(state_ids)} state + {tail} "
+                f"questions and options), more than max_len={max_len}"
+            )
+        dropped = total - max_len
+        state_ids = state_ids[dropped:]
+
+    n_state = len(state_ids)
+    input_ids = list(state_ids)
+    position_ids = list(range(n_state))
+    question_seg = [0] * n_state
+    option_seg = [0] * n_state
+    parent = [-1] + list(range(n_state - 1))
+    question_readout, option_readout = [], []
+    for qi, (qids, opts) in enumerate(zip(q_ids, o_ids)):
+        start = len(input_ids)
+        input_ids += qids
+        position_ids += range(n_state, n_state + len(qids))
+        question_seg += [qi + 1] * len(qids)
+        option_seg += [0] * len(qids)
+        parent += [n_state - 1] + list(range(start, start + len(qids) - 1))
+        q_last = len(input_ids) - 1
+        question_readout.append(q_last)
+        readouts = []
+        for oi, oids in enumerate(opts):
+            ostart = len(input_ids)
+            input_ids += oids
+            pos0 = n_state + len(qids)
+            position_ids += range(pos0, pos0 + len(oids))
+            question_seg += [qi + 1] * len(oids)
+            option_seg += [oi + 1] * len(oids)
+            parent += [q_last] + list(range(ostart, ostart + len(oids) - 1))
+            readouts.append(len(input_ids) - 1)
+        option_readout.append(readouts)
+    return PackedRequest(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        question_seg=question_seg,
+        option_seg=option_seg,
+        parent=parent,
+        questions=tuple(questions),
+        question_readout=question_readout,
+        option_readout=option_readout,
+        n_state_tokens=n_state,
+        n_state_dropped=dropped,
+    )
+
+
+def unpacked_sequences(packed: PackedRequest) -> list[tuple[list[int], int]]:
+    """The separate sequences the packed one stands for: ``(tokens, readout index)`` for every question read-out
+    (``state + question``) and every option read-out (``state + question + option``), in packing order.
+
+    This is what packing replaces, kept for the equivalence test and the unpacked benchmark.
+    """
+    s = packed.n_state_tokens
+    state = packed.input_ids[:s]
+    seqs = []
+    for qi in range(len(packed.question_readout)):
+        q_tokens = [
+            t
+            for t, qs, os in zip(packed.input_ids, packed.question_seg, packed.option_seg)
+            if qs == qi + 1 and os == 0
+        ]
+        seqs.append((state + q_tokens, s + len(q_tokens) - 1))
+        for oi in range(len(packed.option_readout[qi])):
+            o_tokens = [
+                t
+                for t, qs, os in zip(packed.input_ids, packed.question_seg, packed.option_seg)
+                if qs == qi + 1 and os == oi + 1
+            ]
+            seq = state + q_tokens + o_tokens
+            seqs.append((seq, len(seq) - 1))
+    return seqs
+
+
+@dataclass
+class PackedBatch:
+    """Packed decisions collated into padded tensors, with flat read-out indices.
+
+    Attributes:
+        input_ids, position_ids, question_seg, option_seg, role_ids, prev_ids, prev2_ids (`torch.LongTensor` of shape
+            `(B, L)`): per-token tensors; padding has ``question_seg == -1``, ``prev_ids == prev2_ids == -1`` where no
+            such token exists.
+        question_index (`torch.LongTensor` of shape `(NQ, 2)`): ``(row, position)`` of every question read-out,
+            decision-major.
+        question_type (`torch.LongTensor` of shape `(NQ,)`): index into ``QTYPES``.
+        question_bins (`torch.LongTensor` of shape `(NQ,)`): ``n_bins`` of score questions, 0 otherwise.
+        question_options (`torch.LongTensor` of shape `(NQ,)`): number of options of choice questions, 0 otherwise.
+        question_row (`torch.LongTensor` of shape `(NQ,)`): the decision each question belongs to.
+        option_index (`torch.LongTensor` of shape `(NO,)` x 2): ``(row, position)`` of every option read-out.
+        option_question (`torch.LongTensor` of shape `(NO,)`): flat index of the question each option belongs to.
+        questions (`list[tuple[Question, ...]]`): the questions of each decision.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    question_seg: torch.Tensor
+    option_seg: torch.Tensor
+    role_ids: torch.Tensor
+    prev_ids: torch.Tensor
+    prev2_ids: torch.Tensor
+    question_index: torch.Tensor
+    question_type: torch.Tensor
+    question_bins: torch.Tensor
+    question_options: torch.Tensor
+    question_row: torch.Tensor
+    option_index: torch.Tensor
+    option_question: torch.Tensor
+    questions: list
+
+    _TENSORS = (
+        "input_ids",
+        "position_ids",
+        "question_seg",
+        "option_seg",
+        "role_ids",
+        "prev_ids",
+        "prev2_ids",
+        "question_index",
+        "question_type",
+        "question_bins",
+        "question_options",
+        "question_row",
+        "option_index",
+        "option_question",
+    )
+
+    def to(self, device) -> PackedBatch:
+        """Move every tensor to ``device``."""
+        moved = {name: getattr(self, name).to(device) for name in self._TENSORS}
+        return PackedBatch(**moved, questions=self.questions)
+
+    def model_inputs(self) -> dict:
+        """The keyword arguments of :meth:`AleaModel.forward` (everything but the Python metadata)."""
+        return {name: getattr(self, name) for name in self._TENSORS}
+
+    @property
+    def n_tokens(self) -> int:
+        """Real (non-padding) tokens in the batch."""
+        return int((self.question_seg >= 0).sum())
+
+
+def collate_segments(packed: Sequence[PackedRequest], pad_id: int) -> PackedBatch:
+    """Right-pad packed requests into one :class:`PackedBatch`."""
+    if not packed:
+        raise ValueError("collate_segments: field 'packed': needs at least one packed request")
+    B, L = len(packed), max(len(p) for p in packed)
+
+    def full(fill):
+        return torch.full((B, L), fill, dtype=torch.long)
+
+    input_ids, position_ids = full(pad_id), full(0)
+    question_seg, option_seg = full(-1), full(0)
+    prev_ids, prev2_ids = full(-1), full(-1)
+    q_index, q_type, q_bins, q_opts, q_row, o_index, o_question = [], [], [], [], [], [], []
+    for b, p in enumerate(packed):
+        n = len(p)
+        ids = torch.tensor(p.input_ids, dtype=torch.long)
+        parent = torch.tensor(p.parent, dtype=torch.long)
+        input_ids[b, :n] = ids
+        position_ids[b, :n] = torch.tensor(p.position_ids, dtype=torch.long)
+        question_seg[b, :n] = torch.tensor(p.question_seg, dtype=torch.long)
+        option_seg[b, :n] = torch.tensor(p.option_seg, dtype=torch.long)
+        has1 = parent >= 0
+        prev_ids[b, :n] = torch.where(has1, ids[parent.clamp(min=0)], -1)
+        grand = torch.where(has1, parent[parent.clamp(min=0)], -1)
+        prev2_ids[b, :n] = torch.where(grand >= 0, ids[grand.clamp(min=0)], -1)
+        for q, q_last, readouts in zip(p.questions, p.question_readout, p.option_readout):
+            q_flat = len(q_index)
+            q_index.append((b, q_last))
+            q_type.append(QTYPES.index(q.qtype))
+            q_bins.append(q.n_bins or 0)
+            q_opts.append(len(readouts))
+            q_row.append(b)
+            for o_last in readouts:
+                o_index.append((b, o_last))
+                o_question.append(q_flat)
+        position_ids[b, n:] = torch.arange(L - n)
+    role_ids = torch.where(option_seg > 0, ROLE_OPTION, torch.where(question_seg > 0, ROLE_QUESTION, ROLE_STATE))
+
+    def long(x, shape=(-1,)):
+        return torch.tensor(x, dtype=torch.long).reshape(shape)
+
+    return PackedBatch(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        question_seg=question_seg,
+        option_seg=option_seg,
+        role_ids=role_ids,
+        prev_ids=prev_ids,
+        prev2_ids=prev2_ids,
+        question_index=long(q_index, (-1, 2)),
+        question_type=long(q_type),
+        question_bins=long(q_bins),
+        question_options=long(q_opts),
+        question_row=long(q_row),
+        option_index=long(o_index, (-1, 2)),
+        option_question=long(o_question),
+        questions=[p.questions for p in packed],
+    )
+
+
+def allowed_attention(question_seg: torch.Tensor, option_seg: torch.Tensor) -> torch.Tensor:
+    """Boolean `(B, L, L)`: may query ``i`` attend key ``j``? (causal, state, own question, own option; padding
+    attends only to itself so no softmax row is empty)."""
+    L = question_seg.shape[-1]
+    idx = torch.arange(L, device=question_seg.device)
+    causal = idx[None, :, None] >= idx[None, None, :]  # (1, L, L)
+    qi, qj = question_seg[:, :, None], question_seg[:, None, :]
+    oi, oj = option_seg[:, :, None], option_seg[:, None, :]
+    real = (qi >= 0) & (qj >= 0)
+    visible = (qj == 0) | ((qj == qi) & ((oj == 0) | (oj == oi)))
+    pad_self = (qi < 0) & (idx[None, :, None] == idx[None, None, :])
+    return (causal & real & visible) | pad_self
+
+
+def mask_from_segments(question_seg: torch.Tensor, option_seg: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive float attention mask `(B, 1, L, L)` in the compute ``dtype`` (0 where allowed, the dtype's
+    minimum elsewhere). A boolean 4D mask is not used: it is silently wrong under ``attn_implementation="eager"``."""
+    allowed = allowed_attention(question_seg, option_seg)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=question_seg.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+def block_mask_from_segments(question_seg: torch.Tensor, option_seg: torch.Tensor):
+    """The FlexAttention ``BlockMask`` equivalent to :func:`mask_from_segments`, for
+    ``attn_implementation="flex_attention"`` (the fast path on GPU: fully masked blocks are skipped)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, L = question_seg.shape
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        qi, qj = question_seg[b, q_idx], question_seg[b, kv_idx]
+        oi, oj = option_seg[b, q_idx], option_seg[b, kv_idx]
+        visible = (qj == 0) | ((qj == qi) & ((oj == 0) | (oj == oi)))
+        real = (qi >= 0) & (qj >= 0)
+        return ((q_idx >= kv_idx) & real & visible) | ((qi < 0) & (q_idx == kv_idx))
+
+    return create_block_mask(mask_mod, B, None, L, L, device=question_seg.device)
+
+
+__all__ = [
+    "OPTION_TEMPLATE",
+    "QUESTION_TEMPLATE",
+    "PackedBatch",
+    "PackedRequest",
+    "allowed_attention",
+    "block_mask_from_segments",
+    "collate_segments",
+    "mask_from_segments",
+    "pack_request",
+    "unpacked_sequences",
+]

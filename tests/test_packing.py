@@ -1,0 +1,163 @@
+"""Packing contract: the packed forward equals separate forwards of state + question (+ option)."""
+
+import random
+
+import pytest
+import torch
+
+from alea_trl.packing import (
+    OPTION_TEMPLATE,
+    QUESTION_TEMPLATE,
+    allowed_attention,
+    collate_segments,
+    mask_from_segments,
+    pack_request,
+)
+
+from .conftest import random_decision
+
+
+def _encode(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def _reference_answers(model, tok, decision):
+    """Answer each question with its own plain causal forward (no packing, no custom mask)."""
+    state = _encode(tok, decision.state)
+    out = {}
+    for q in decision.questions:
+        q_ids = _encode(tok, QUESTION_TEMPLATE.format(text=q.text))
+        seqs = [state + q_ids] + [
+            state + q_ids + _encode(tok, OPTION_TEMPLATE.format(option=o)) for o in q.options or ()
+        ]
+        hiddens = []
+        for seq in seqs:
+            ids = torch.tensor([seq])
+            prev = torch.tensor([[-1] + seq[:-1]])
+            prev2 = torch.tensor([[-1, -1] + seq[:-2]])
+            n = len(seq)
+            roles = torch.tensor([[0] * len(state) + [1] * len(q_ids) + [2] * (n - len(state) - len(q_ids))])
+            embeds = model._embed(ids, roles, prev, prev2)
+            h = model.backbone(inputs_embeds=embeds, position_ids=torch.arange(n)[None]).last_hidden_state
+            hiddens.append(h[0, -1])
+        qh = hiddens[0]
+        if q.qtype == "choice":
+            out[q.qid] = torch.stack([model.choice_head(h).squeeze(-1) for h in hiddens[1:]])
+        elif q.qtype == "score":
+            out[q.qid] = model.score_head(qh)[: q.n_bins]
+        elif q.qtype == "noul":
+            out[q.qid] = model.noul_head(qh).squeeze(-1)
+        else:
+            out[q.qid] = model.regress_head(qh[None])[0]
+    return out
+
+
+def _packed_answers(model, tok, decisions):
+    packed = [pack_request(tok, d.state, d.questions) for d in decisions]
+    batch = collate_segments(packed, tok.pad_token_id)
+    with torch.no_grad():
+        output = model(**batch.model_inputs())
+    results, flat = [], 0
+    for d in decisions:
+        answers = {}
+        for q in d.questions:
+            if q.qtype == "choice":
+                answers[q.qid] = output.choice_logits[flat, : len(q.options)]
+            elif q.qtype == "score":
+                answers[q.qid] = output.score_logits[flat, : q.n_bins]
+            elif q.qtype == "noul":
+                answers[q.qid] = output.noul_logits[flat]
+            else:
+                answers[q.qid] = output.quantiles[flat]
+            flat += 1
+        results.append(answers)
+    return results
+
+
+@pytest.mark.parametrize("attn,extras", [("sdpa", False), ("eager", False), ("sdpa", True)])
+def test_packed_equals_unpacked(make_model, tokenizer, attn, extras):
+    model = make_model(attn=attn, use_aux_embed=extras, use_ngram=extras, use_ngram2=extras)
+    if extras:  # make the extras non-zero so the test sees whether they follow the unpacked history
+        for emb in (model.aux_embed, model.ngram, model.ngram2):
+            torch.nn.init.normal_(emb.weight, std=0.5)
+    rng = random.Random(0)
+    decisions = [random_decision(rng) for _ in range(4)]
+    packed = _packed_answers(model, tokenizer, decisions)  # all four in one padded batch
+    for d, got in zip(decisions, packed):
+        with torch.no_grad():
+            want = _reference_answers(model, tokenizer, d)
+        for q in d.questions:
+            torch.testing.assert_close(got[q.qid], want[q.qid], atol=1e-5, rtol=0, msg=f"{attn} {q.qid} {q.qtype}")
+
+
+def test_batching_changes_nothing(make_model, tokenizer):
+    model = make_model()
+    rng = random.Random(1)
+    decisions = [random_decision(rng) for _ in range(5)]
+    together = _packed_answers(model, tokenizer, decisions)
+    for d, got in zip(decisions, together):
+        alone = _packed_answers(model, tokenizer, [d])[0]
+        for qid in alone:
+            torch.testing.assert_close(got[qid], alone[qid], atol=1e-5, rtol=0)
+
+
+def test_layout_and_positions(tokenizer):
+    rng = random.Random(2)
+    d = random_decision(rng)
+    p = pack_request(tokenizer, d.state, d.questions)
+    s = p.n_state_tokens
+    assert p.position_ids[:s] == list(range(s))
+    for qi, q_last in enumerate(p.question_readout):
+        q_tokens = [i for i, (qs, os) in enumerate(zip(p.question_seg, p.option_seg)) if qs == qi + 1 and os == 0]
+        assert [p.position_ids[i] for i in q_tokens] == list(range(s, s + len(q_tokens)))  # restarts at S
+        assert q_last == q_tokens[-1]
+        assert len(p.option_readout[qi]) == len(d.questions[qi].options or ())
+
+
+def test_mask_semantics_by_hand():
+    # state of 2 tokens, question 1 (2 tokens) with options of 1 and 2 tokens, question 2 (1 token), 1 pad
+    qseg = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 2, -1]])
+    oseg = torch.tensor([[0, 0, 0, 0, 1, 2, 2, 0, 0]])
+    allowed = allowed_attention(qseg, oseg)[0].int()
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 0, 0, 0, 0],  # option 1: state + question + itself
+            [1, 1, 1, 1, 0, 1, 0, 0, 0],  # option 2 does not see option 1
+            [1, 1, 1, 1, 0, 1, 1, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0, 1, 0],  # question 2 sees only the state and itself
+            [0, 0, 0, 0, 0, 0, 0, 0, 1],  # padding sees only itself
+        ]
+    )
+    assert torch.equal(allowed, expected)
+    mask = mask_from_segments(qseg, oseg, torch.bfloat16)
+    assert mask.dtype == torch.bfloat16 and mask.shape == (1, 1, 9, 9)
+    assert torch.equal(mask[0, 0] == 0, expected.bool())
+
+
+def test_too_long_raises_with_counts(tokenizer):
+    rng = random.Random(3)
+    d = random_decision(rng)
+    n = len(pack_request(tokenizer, d.state, d.questions))
+    with pytest.raises(ValueError, match=rf"{n} tokens.*max_len={n - 1}"):
+        pack_request(tokenizer, d.state, d.questions, max_len=n - 1, env="kelly")
+    cut = pack_request(tokenizer, d.state, d.questions, max_len=n - 3, truncate_state=True)
+    assert len(cut) == n - 3 and cut.n_state_dropped == 3
+
+
+def test_flex_attention_block_mask_matches_dense(make_model, tokenizer):
+    """The FlexAttention path (the GPU fast path) gives the same answers as the dense mask."""
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    del flex
+    rng = random.Random(4)
+    decisions = [random_decision(rng) for _ in range(3)]
+    dense = _packed_answers(make_model(attn="sdpa"), tokenizer, decisions)
+    flex_model = make_model(attn="flex_attention")
+    assert flex_model.backbone.config._attn_implementation == "flex_attention"
+    got = _packed_answers(flex_model, tokenizer, decisions)
+    for a, b in zip(dense, got):
+        for qid in a:
+            torch.testing.assert_close(b[qid], a[qid], atol=1e-4, rtol=0)
