@@ -6,6 +6,7 @@ from .losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
 from .modeling_alea import AleaConfig, AleaModel, AleaOutput
 from .packing import PackedBatch, PackedRequest, collate_segments, mask_from_segments, pack_request
 from .questions import ACT_QID, QTYPES, TAUS, Decision, Question, validate_targets
+from .trainer import AleaEnvGRPOConfig, AleaEnvGRPOTrainer
 
 
 AutoConfig.register("alea", AleaConfig, exist_ok=True)
@@ -18,6 +19,8 @@ __all__ = [
     "QTYPES",
     "TAUS",
     "AleaConfig",
+    "AleaEnvGRPOConfig",
+    "AleaEnvGRPOTrainer",
     "AleaModel",
     "AleaOutput",
     "Decision",

@@ -1,0 +1,159 @@
+"""Policy evaluation on environments: returns against random and oracle play, regret, report proper scores.
+
+Design decisions:
+1. The policy, the random policy and the oracle policy play the same seeded episodes, so their returns are paired and
+   the normalised score ``(policy - random) / (oracle - random)`` is 0 for random play and 1 for oracle play.
+2. The policy is the model's act head, greedy (argmax) by default or sampled; every decision is answered in batched
+   packed forwards (``AleaModel.predict``), all episodes of an env advancing together.
+3. Report questions are scored with the same strictly proper rules as training, against the oracle targets.
+4. Results come as (sum, count) pairs so processes can split episodes and add their sums; ``evaluate_policy`` turns
+   them into means.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from .losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
+from .questions import ACT_QID, validate_targets
+
+
+def _factories(envs) -> dict[str, Callable]:
+    from .envs import make_env
+
+    if isinstance(envs, dict):
+        return envs
+    return {name: (lambda name=name: make_env(name)) for name in envs}
+
+
+def _report_loss(question, answer, target, taus) -> float:
+    if question.qtype == "choice":
+        return float(choice_loss(answer.clamp_min(1e-12).log()[None], torch.as_tensor(target)[None]))
+    if question.qtype == "score":
+        return float(crps_loss(answer.clamp_min(1e-12).log()[None], torch.as_tensor(target)[None]))
+    if question.qtype == "noul":
+        p = torch.tensor([min(max(answer, 1e-7), 1 - 1e-7)])
+        return float(bernoulli_brier(torch.logit(p), torch.tensor([target])))
+    return float(pinball_loss(answer[None].float(), torch.as_tensor(target, dtype=torch.float32)[None], taus))
+
+
+def _baseline_return(env, rng: np.random.Generator, policy: str, pick: np.random.Generator) -> float:
+    env.reset(rng)
+    total = 0.0
+    while not env.done:
+        a = env.oracle_action() if policy == "oracle" else int(pick.integers(env.observe().n_legal))
+        total += env.step(a)[0]
+    return total
+
+
+@torch.no_grad()
+def evaluation_sums(
+    model,
+    tokenizer,
+    envs,
+    episodes: int = 100,
+    seed: int = 0,
+    greedy: bool = True,
+    max_len: int | None = None,
+    batch_size: int = 16,
+    shard: tuple[int, int] = (0, 1),
+) -> dict[str, tuple[float, float]]:
+    """(sum, count) of every evaluation figure; see :func:`evaluate_policy`. ``shard=(i, n)`` plays the episodes
+    whose index is ``i`` modulo ``n``."""
+    rank, world = shard
+    taus = list(model.config.taus)
+    sampler = torch.Generator().manual_seed(seed)
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+
+    def add(key, value):
+        sums[key][0] += value
+        sums[key][1] += 1.0
+
+    for env_idx, (name, factory) in enumerate(_factories(envs).items()):
+        mine = [i for i in range(episodes) if i % world == rank]
+        for i in mine:
+            for policy in ("random", "oracle"):
+                rng, pick = np.random.default_rng([seed, env_idx, i]), np.random.default_rng([seed, env_idx, i, 1])
+                add(f"{name}/{policy}", _baseline_return(factory(), rng, policy, pick))
+        live = [factory().reset(np.random.default_rng([seed, env_idx, i])) for i in mine]
+        returns, dropped = [0.0] * len(live), set()
+        while True:
+            idx = [j for j, env in enumerate(live) if not env.done and j not in dropped]
+            if not idx:
+                break
+            decisions = [live[j].observe() for j in idx]
+            try:
+                answers = model.predict(decisions, tokenizer, max_len=max_len, batch_size=batch_size)
+            except ValueError:  # an oversize decision: answer one by one and drop the episodes that do not fit
+                answers = []
+                for d in decisions:
+                    try:
+                        answers += model.predict([d], tokenizer, max_len=max_len)
+                    except ValueError:
+                        answers.append(None)
+            for j, d, ans in zip(idx, decisions, answers):
+                env = live[j]
+                if ans is None:
+                    add(f"{name}/skipped", 1.0)
+                    dropped.add(j)
+                    continue
+                targets = validate_targets(d, env.oracle_targets(), env=name)
+                for q in d.reports:
+                    if q.qid in targets:
+                        add(f"{name}/report/{q.qtype}", _report_loss(q, ans[q.qid], targets[q.qid], taus))
+                probs = ans[ACT_QID]
+                a = int(probs.argmax()) if greedy else int(torch.multinomial(probs, 1, generator=sampler))
+                if env.dense:
+                    r = np.asarray(env.action_rewards(), dtype=float)
+                    add(f"{name}/regret", float(r.max() - r[a]))
+                reward, _ = env.step(a)
+                returns[j] += reward
+        for j in range(len(live)):
+            if j not in dropped:
+                add(f"{name}/return", returns[j])
+    return {k: (v[0], v[1]) for k, v in sums.items()}
+
+
+def evaluate_policy(
+    model,
+    tokenizer,
+    envs,
+    episodes: int = 100,
+    seed: int = 0,
+    greedy: bool = True,
+    max_len: int | None = None,
+    batch_size: int = 16,
+) -> dict[str, dict[str, float]]:
+    """Evaluate a model's policy and forecasts on environments.
+
+    Args:
+        model (`AleaModel`): the model (its ``predict`` answers decisions).
+        tokenizer: its tokenizer.
+        envs (`list[str]` or `dict[str, Callable]`): registered env names, or name -> factory.
+        episodes (`int`, defaults to 100): episodes per env.
+        seed (`int`, defaults to 0): seed of the episodes (shared by the policy, random and oracle play).
+        greedy (`bool`, defaults to `True`): argmax actions; otherwise sample from the act head.
+        max_len (`int`, *optional*): decisions packing to more tokens end their episode (counted as ``skipped``).
+        batch_size (`int`, defaults to 16): decisions per forward.
+
+    Returns:
+        `dict[str, dict[str, float]]`: per env ``return`` (policy), ``random``, ``oracle``, ``normalized_score``
+        ``(return - random) / (oracle - random)``, ``regret`` (dense envs: mean per decision of the best expected
+        reward minus that of the chosen action) and ``report/<qtype>`` (mean proper score against the oracle).
+    """
+    sums = evaluation_sums(model, tokenizer, envs, episodes, seed, greedy, max_len, batch_size)
+    table: dict[str, dict[str, float]] = defaultdict(dict)
+    for key, (total, count) in sums.items():
+        env, metric = key.split("/", 1)
+        table[env][metric] = total / count if count else float("nan")
+    for row in table.values():
+        spread = row["oracle"] - row["random"]
+        row["normalized_score"] = (row["return"] - row["random"]) / spread if abs(spread) > 1e-12 else float("nan")
+    return dict(table)
+
+
+__all__ = ["evaluate_policy", "evaluation_sums"]

@@ -1,0 +1,192 @@
+"""AleaEnvGRPOConfig: GRPOConfig plus the environment, head and training-mode settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trl import GRPOConfig
+
+
+TRAIN_MODES = ("heads", "tail", "full", "lora")
+DENSE_ADVANCE = ("best_of_k", "sample")
+ENV_ERROR_MODES = ("raise", "skip")
+
+
+class _WholeGroups(int):
+    """Stand-in for `num_generations` during GRPOConfig's checks: every batch size counts as whole groups."""
+
+    def __rmod__(self, other):
+        return 0
+
+
+@dataclass
+class AleaEnvGRPOConfig(GRPOConfig):
+    r"""Configuration of [`AleaEnvGRPOTrainer`]: everything in [`~trl.GRPOConfig`], plus the fields below.
+
+    GRPOConfig fields keep their meaning where one exists: `num_generations` is k (actions sampled per dense decision),
+    `beta` weighs the exact KL to the reference policy over the legal options, `temperature` is the sampling
+    temperature of the act head, `epsilon` / `epsilon_high` / `num_iterations` / `scale_rewards` act as in TRL.
+    `per_device_train_batch_size` counts *decisions* per loss forward. Text-generation options (vLLM, tools,
+    `max_completion_length`, `loss_type`, ...) have no meaning here: the vLLM and continuous-batching switches and
+    `cast_lm_head_to_fp32` raise, the others are ignored (with one action per sample every GRPO loss normalisation is
+    the same).
+
+    > Environments
+
+    Parameters:
+        envs (`list[str]`, *optional*, defaults to `["hmm", "kelly", "newsvendor", "bandit", "nim"]`):
+            Registered env names (see `alea_trl.envs.register_env`). The trainer's `env_factories` argument adds
+            user factories under new names.
+        env_kwargs (`dict[str, dict]`, *optional*):
+            Constructor keyword arguments per env name.
+        eps_per_env (`int`, *optional*, defaults to `16`):
+            Live episodes per env on each process.
+        max_batch (`int`, *optional*, defaults to `24`):
+            Most decisions packed into one rollout forward.
+        max_batch_tokens (`int` or `None`, *optional*, defaults to `None`):
+            Token budget of one rollout forward (padded length x decisions); `None` for no budget.
+        max_len (`int`, *optional*, defaults to `2048`):
+            Most tokens of one packed decision. Longer decisions reset their episode and are counted in the
+            `skipped_decisions` metric; nothing is truncated.
+        dense_advance (`str`, *optional*, defaults to `"best_of_k"`):
+            How a dense episode advances: by the best of its k sampled actions (`"best_of_k"`, as in the seed) or by
+            the first sample (`"sample"`, on-policy).
+        outcome_baseline_window (`int`, *optional*, defaults to `64`):
+            Outcome envs: episode returns are normalised per env by the mean (and, with `scale_rewards`, the std) of
+            this many most recent returns of that env.
+        on_env_error (`str`, *optional*, defaults to `"raise"`):
+            What a malformed decision, target or reward does: `"raise"` a `ValueError` naming the env, the question
+            and the field, or `"skip"`: reset that episode and count it in `skipped_decisions`.
+        eval_episodes (`int`, *optional*, defaults to `32`):
+            Episodes per env played greedily by `evaluate()`.
+
+    > Model
+
+    Parameters:
+        report_w (`float`, *optional*, defaults to `1.0`):
+            Weight of the proper-scoring report loss.
+        lr_head (`float`, *optional*, defaults to `2e-5`):
+            Learning rate of the four heads (`learning_rate` is the backbone's).
+        lr_aux (`float`, *optional*, defaults to `1e-4`):
+            Learning rate of the input-side extras (role and n-gram embeddings).
+        train_mode (`str`, *optional*, defaults to `"tail"`):
+            What trains: `"heads"`, `"tail"` (the last `tail_k` decoder layers, the final norm and the heads),
+            `"full"`, or `"lora"` (LoRA on the last `tail_k` layers, heads fully trained).
+        tail_k (`int`, *optional*, defaults to `8`):
+            Decoder layers trained in `tail` and `lora` modes.
+        lora_r (`int`, *optional*, defaults to `16`):
+            LoRA rank in `lora` mode.
+        lora_alpha (`int`, *optional*, defaults to `32`):
+            LoRA alpha in `lora` mode.
+        lora_dropout (`float`, *optional*, defaults to `0.0`):
+            LoRA dropout in `lora` mode.
+        use_aux_embed (`bool`, *optional*, defaults to `False`):
+            New models only: add zero-initialised segment-role embeddings.
+        use_ngram (`bool`, *optional*, defaults to `False`):
+            New models only: add a zero-initialised hashed bigram embedding.
+        use_ngram2 (`bool`, *optional*, defaults to `False`):
+            New models only: add a zero-initialised hashed trigram embedding.
+    """
+
+    envs: list[str] = field(
+        default_factory=lambda: ["hmm", "kelly", "newsvendor", "bandit", "nim"],
+        metadata={"help": "Registered env names (see alea_trl.envs.register_env)."},
+    )
+    env_kwargs: dict[str, Any] | None = field(
+        default=None, metadata={"help": "Constructor keyword arguments per env name."}
+    )
+    eps_per_env: int = field(default=16, metadata={"help": "Live episodes per env on each process."})
+    max_batch: int = field(default=24, metadata={"help": "Most decisions packed into one rollout forward."})
+    max_batch_tokens: int | None = field(
+        default=None, metadata={"help": "Token budget of one rollout forward (padded length x decisions)."}
+    )
+    max_len: int = field(
+        default=2048,
+        metadata={"help": "Most tokens of one packed decision; longer ones reset their episode and are counted."},
+    )
+    dense_advance: str = field(
+        default="best_of_k",
+        metadata={"help": "How dense episodes advance: 'best_of_k' (the seed's) or 'sample' (on-policy)."},
+    )
+    outcome_baseline_window: int = field(
+        default=64, metadata={"help": "Outcome envs: recent returns per env used to normalise a return."}
+    )
+    on_env_error: str = field(
+        default="raise",
+        metadata={"help": "Malformed decision, target or reward: 'raise' a ValueError, or 'skip' (reset and count)."},
+    )
+    eval_episodes: int = field(default=32, metadata={"help": "Episodes per env played greedily by evaluate()."})
+    report_w: float = field(default=1.0, metadata={"help": "Weight of the proper-scoring report loss."})
+    lr_head: float = field(default=2e-5, metadata={"help": "Learning rate of the heads."})
+    lr_aux: float = field(default=1e-4, metadata={"help": "Learning rate of the input-side extras."})
+    train_mode: str = field(default="tail", metadata={"help": "What trains: 'heads', 'tail', 'full' or 'lora'."})
+    tail_k: int = field(default=8, metadata={"help": "Decoder layers trained in tail and lora modes."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank in lora mode."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha in lora mode."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout in lora mode."})
+    use_aux_embed: bool = field(default=False, metadata={"help": "New models: zero-initialised role embeddings."})
+    use_ngram: bool = field(default=False, metadata={"help": "New models: zero-initialised hashed bigram embedding."})
+    use_ngram2: bool = field(
+        default=False, metadata={"help": "New models: zero-initialised hashed trigram embedding."}
+    )
+
+    # GRPOConfig fields whose defaults differ for decision training (the seed's values)
+    learning_rate: float = field(default=5e-6, metadata={"help": "Learning rate of the backbone."})
+    beta: float = field(default=0.05, metadata={"help": "Weight of the exact KL to the reference policy."})
+    num_generations: int | None = field(default=8, metadata={"help": "k: actions sampled per dense decision."})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Decisions per loss forward."})
+    logging_steps: float = field(default=10, metadata={"help": "Log every this many optimizer steps."})
+
+    def __post_init__(self):
+        # Rows of an Alea generation batch are decisions, each holding its own k samples, so GRPOConfig's check that
+        # the generation batch holds whole groups of `num_generations` completions does not apply: the parent runs
+        # with a stand-in that passes it, and k is validated here.
+        k = self.num_generations
+        self.num_generations = _WholeGroups(2)
+        try:
+            super().__post_init__()
+        finally:
+            self.num_generations = k
+        if not isinstance(k, int) or k < 2:
+            raise ValueError(f"AleaEnvGRPOConfig: field 'num_generations': must be an integer >= 2 (k), got {k!r}")
+        if self.use_vllm:
+            raise ValueError(
+                "AleaEnvGRPOConfig: field 'use_vllm': Alea decisions are answered by heads in one forward pass, "
+                "no text is generated; set use_vllm=False"
+            )
+        if self.use_transformers_continuous_batching:
+            raise ValueError(
+                "AleaEnvGRPOConfig: field 'use_transformers_continuous_batching': no text is generated; set it False"
+            )
+        if self.cast_lm_head_to_fp32:
+            raise ValueError("AleaEnvGRPOConfig: field 'cast_lm_head_to_fp32': Alea models use no LM head; set False")
+        if isinstance(self.envs, str):
+            self.envs = [e.strip() for e in self.envs.split(",") if e.strip()]
+        if not self.envs:
+            raise ValueError("AleaEnvGRPOConfig: field 'envs': needs at least one env name")
+        if len(set(self.envs)) != len(self.envs):
+            raise ValueError(f"AleaEnvGRPOConfig: field 'envs': names must be distinct, got {self.envs}")
+        checks = [
+            ("train_mode", self.train_mode in TRAIN_MODES, f"one of {TRAIN_MODES}"),
+            ("dense_advance", self.dense_advance in DENSE_ADVANCE, f"one of {DENSE_ADVANCE}"),
+            ("on_env_error", self.on_env_error in ENV_ERROR_MODES, f"one of {ENV_ERROR_MODES}"),
+            ("eps_per_env", self.eps_per_env >= 1, "an integer >= 1"),
+            ("max_batch", self.max_batch >= 1, "an integer >= 1"),
+            ("max_len", self.max_len >= 8, "an integer >= 8"),
+            ("tail_k", self.tail_k >= 1, "an integer >= 1"),
+            ("outcome_baseline_window", self.outcome_baseline_window >= 2, "an integer >= 2"),
+            ("report_w", self.report_w >= 0, "a number >= 0"),
+            ("max_steps", self.max_steps > 0, "a positive number of steps (there is no dataset epoch)"),
+        ]
+        for name, ok, what in checks:
+            if not ok:
+                raise ValueError(f"AleaEnvGRPOConfig: field '{name}': must be {what}, got {getattr(self, name)!r}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < self.max_len:
+            raise ValueError(
+                f"AleaEnvGRPOConfig: field 'max_batch_tokens': must be at least max_len={self.max_len} so that any "
+                f"valid decision fits in a forward, got {self.max_batch_tokens}"
+            )
+
+
+__all__ = ["AleaEnvGRPOConfig"]

@@ -1,0 +1,379 @@
+"""AleaEnvGRPOTrainer: GRPO over environment decision points, as a TRL ``GRPOTrainer``."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import pickle
+import time
+
+import torch
+from datasets import Dataset
+from torch.utils.data import SequentialSampler
+from transformers import AutoTokenizer, GenerationConfig
+from trl import GRPOTrainer
+from trl.models import prepare_deepspeed, prepare_fsdp, unwrap_model_for_generation
+
+from ..envs import make_env
+from ..evaluation import evaluation_sums
+from ..packing import collate_segments
+from ..questions import QTYPES
+from .config import AleaEnvGRPOConfig
+from .loss import act_logits_of, exact_kl, policy_loss, report_losses
+from .model_setup import apply_train_mode, lora_config, param_groups, resolve_model
+from .pool import EpisodePool
+from .rollout import Rollout, np_rng_for_rank, rows_to_inputs
+
+
+POOL_STATE_NAME = "alea_pool_rank{rank}.pkl"
+
+
+def _rewards_come_from_envs(*args, **kwargs):
+    raise RuntimeError("AleaEnvGRPOTrainer takes its rewards from the environments; this placeholder is never called")
+
+
+class AleaEnvGRPOTrainer(GRPOTrainer):
+    """GRPO over decision points of environments, without text generation.
+
+    What differs from [`~trl.GRPOTrainer`]:
+    - there is no dataset and no reward function: an episode pool per process (``eps_per_env`` episodes of each env in
+      ``args.envs``) emits decisions; one row of a generation batch is one decision;
+    - generation is one packed no-grad forward per wave of decisions and sampling from the act head (k actions per
+      dense decision, one per outcome decision), not ``generate``;
+    - advantages: dense decisions use the exact expected rewards of their k actions (group-normalised); outcome
+      decisions are replayed when their episode ends, with the per-env normalised return;
+    - the loss is the clipped-ratio policy loss + ``beta`` x exact KL over the legal actions + ``report_w`` x
+      proper-scoring report losses against the env oracles;
+    - checkpoints also carry the episode pool, so ``resume_from_checkpoint`` continues the same episodes;
+    - ``evaluate()`` plays ``eval_episodes`` greedy episodes per env and logs return, normalised score and report
+      losses.
+    Everything else (``train``, ``save_model``, ``push_to_hub``, callbacks, ``report_to``, gradient accumulation,
+    ``num_iterations`` buffering, accelerate / DeepSpeed / FSDP placement, PEFT) is TRL's.
+
+    Args:
+        model (`str` or `AleaModel`):
+            A backbone id or path (fresh heads), an Alea checkpoint, or an `AleaModel`.
+        args (`AleaEnvGRPOConfig`, *optional*):
+            Training configuration.
+        processing_class (`PreTrainedTokenizerBase`, *optional*):
+            The tokenizer; loaded from the model's path when omitted.
+        env_factories (`dict[str, Callable]`, *optional*):
+            Factories for env names in ``args.envs`` that are not registered (or to override registered ones).
+        callbacks, optimizers, peft_config:
+            As in [`~trl.GRPOTrainer`]. In ``train_mode="lora"`` a ``peft_config`` is built when none is given.
+    """
+
+    _tag_names = ["trl", "grpo", "alea"]
+    _name = "AleaEnvGRPO"
+    # the loss is a per-micro-batch mean: Trainer divides it by the accumulation steps
+    loss_is_scaled_for_ga = False
+
+    def __init__(
+        self,
+        model,
+        args: AleaEnvGRPOConfig | None = None,
+        processing_class=None,
+        env_factories=None,
+        callbacks=None,
+        optimizers=(None, None),
+        peft_config=None,
+    ):
+        if args is None:
+            args = AleaEnvGRPOConfig(output_dir="alea-grpo", max_steps=100)
+        if not isinstance(args, AleaEnvGRPOConfig):
+            raise ValueError(f"AleaEnvGRPOTrainer: field 'args': needs an AleaEnvGRPOConfig, got {type(args)}")
+        factories = self._env_factories(args, env_factories or {})
+        from transformers import set_seed
+
+        set_seed(args.seed)
+        model = resolve_model(model, args)
+        taus = list(model.config.taus)
+        if processing_class is None:
+            processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path or model.name_or_path)
+        if args.train_mode == "lora":
+            peft_config = peft_config or lora_config(model, args)
+        elif peft_config is not None:
+            raise ValueError("AleaEnvGRPOTrainer: field 'peft_config': only used with train_mode='lora'")
+        else:
+            apply_train_mode(model, args.train_mode, args.tail_k)
+
+        # the placeholder dataset only paces Trainer's loop: one pass over it is the whole run
+        n_slots = args.generation_batch_size * args.gradient_accumulation_steps * args.num_iterations * args.max_steps
+        placeholder = Dataset.from_dict({"decision_slot": list(range(n_slots))})
+        with self._grpo_init_guards(model, args):
+            super().__init__(
+                model=model,
+                reward_funcs=_rewards_come_from_envs,
+                args=args,
+                train_dataset=placeholder,
+                processing_class=processing_class,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                peft_config=peft_config,
+            )
+        self._undo_fused_lm_head()
+        self.beta = args.beta  # GRPOTrainer.__init__ saw the guard's beta of 0
+        self._taus = taus
+        self.ref_model = self._build_reference() if args.beta != 0.0 and not self._is_peft() else None
+
+        rank = self.accelerator.process_index
+        pool = EpisodePool(factories, args.eps_per_env, np_rng_for_rank(args.seed, rank), args.outcome_baseline_window)
+        self.rollout = Rollout(pool, self._tokenizer, args, seed=args.seed * 1_000_003 + rank)
+        self.env_factories = factories
+        self._last_generation_time = None
+
+    # ------------------------------------------------------------------------------------------------------ set-up
+    @staticmethod
+    def _env_factories(args, user: dict) -> dict:
+        factories = {}
+        for name in args.envs:
+            if name in user:
+                factories[name] = user[name]
+            else:
+                make_env(name, **((args.env_kwargs or {}).get(name, {})))  # raises ValueError for unknown names
+                factories[name] = _RegisteredEnv(name, (args.env_kwargs or {}).get(name, {}))
+        return factories
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _grpo_init_guards(model, args):
+        """What GRPOTrainer.__init__ assumes of a text LM, satisfied for its duration: a generation config on the
+        model, and no reference built from ``config._name_or_path`` (ours is built after, from the model itself)."""
+        beta, had_config = args.beta, getattr(model, "generation_config", None) is not None
+        if not had_config:
+            model.generation_config = GenerationConfig()
+        args.beta = 0.0
+        try:
+            yield
+        finally:
+            args.beta = beta
+            if not had_config:
+                del model.generation_config
+
+    def _undo_fused_lm_head(self):
+        """GRPOTrainer patches ``model.forward`` with a fused LM-head forward stored on the instance; a copy of the
+        patched model would run the policy's weights, and our model has no LM head. Remove the patch."""
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        for m in (unwrapped, getattr(unwrapped, "get_base_model", lambda: None)()):
+            if m is not None and "forward" in m.__dict__:
+                del m.__dict__["forward"]
+
+    def _is_peft(self) -> bool:
+        from peft import PeftModel
+
+        return isinstance(self.accelerator.unwrap_model(self.model), PeftModel)
+
+    def _build_reference(self):
+        ref = copy.deepcopy(self.accelerator.unwrap_model(self.model))
+        ref.requires_grad_(False)
+        ref.eval()
+        if self.is_deepspeed_enabled:
+            return prepare_deepspeed(ref, self.accelerator)
+        if self.is_fsdp_enabled:
+            return prepare_fsdp(ref, self.accelerator)
+        return self.accelerator.prepare_model(ref, evaluation_mode=True)
+
+    def create_optimizer(self, model=None):
+        """Three parameter groups: heads (``lr_head``), backbone (``learning_rate``), extras (``lr_aux``)."""
+        if self.optimizer is None:
+            groups = param_groups(self.model, self.args)
+            for g in groups:
+                g["weight_decay"] = self.args.weight_decay
+            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.model)
+            optimizer_kwargs.pop("lr", None)
+            self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+        return self.optimizer
+
+    def _get_train_sampler(self, dataset=None):
+        # rows come from the episode pool; the placeholder dataset only paces the Trainer loop
+        return SequentialSampler(dataset if dataset is not None else self.train_dataset)
+
+    # ------------------------------------------------------------------------------------------------ generation
+    def _forward_act_logits(self, model, packed) -> list[torch.Tensor]:
+        batch = collate_segments(packed, self._pad_id).to(self.accelerator.device)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            output = model(**batch.model_inputs())
+        logits, legal = act_logits_of(output, batch)
+        return [row[mask] for row, mask in zip(logits.float(), legal)]
+
+    @contextlib.contextmanager
+    def _unwrapped_for_rollout(self):
+        """The policy module for no-grad rollout forwards (parameters gathered under DeepSpeed ZeRO-3)."""
+        if self._dist.is_zero3:
+            with unwrap_model_for_generation(
+                self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
+            ) as policy:
+                yield policy
+        else:
+            yield self.accelerator.unwrap_model(self.model)
+
+    @property
+    def _pad_id(self) -> int:
+        tok = self._tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+
+    def _generate_and_score_completions(self, generation_batch):
+        """Rollouts instead of text generation: one row per decision (``len(generation_batch)`` rows)."""
+        n_rows = len(generation_batch)
+        mode = "train" if self.model.training else "eval"
+        with self._unwrapped_for_rollout() as policy:
+            was_training = policy.training
+            policy.eval()
+
+            def act_fn(packed):
+                return self._forward_act_logits(policy, packed)
+
+            ref_fn = None
+            if self.beta != 0.0 and self.ref_model is not None:
+
+                def ref_fn(packed):
+                    return self._forward_act_logits(self.ref_model, packed)
+            elif self.beta != 0.0:
+
+                def ref_fn(packed):
+                    with policy.disable_adapter():
+                        return self._forward_act_logits(policy, packed)
+
+            rows = self.rollout.collect(n_rows, act_fn, ref_fn)
+            policy.train(was_training)
+        self._log_rollout_stats(mode, n_rows)
+        return rows_to_inputs(rows, self.args.num_generations)
+
+    def _gathered_means(self, sums: dict[str, tuple[float, float]]) -> dict[str, float]:
+        """Global means of (sum, count) pairs across processes, in one gather (keys in the same order on every
+        rank)."""
+        keys = sorted(sums)
+        local = torch.tensor(
+            [[sums[k][0], sums[k][1]] for k in keys], dtype=torch.float64, device=self.accelerator.device
+        )
+        total = self.accelerator.reduce(local, reduction="sum") if self.accelerator.num_processes > 1 else local
+        return {k: float(total[i, 0] / total[i, 1]) for i, k in enumerate(keys) if total[i, 1] > 0}
+
+    def _log_rollout_stats(self, mode: str, n_rows: int) -> None:
+        stats = self.rollout.pop_stats()
+        keys = ["skipped_decisions"] + [
+            f"env/{e}/{m}" for e in self.rollout.pool.env_names for m in ("return", "regret", "entropy")
+        ]
+        sums = {k: (sum(stats.get(k, [])), len(stats.get(k, []))) for k in keys}
+        sums["skipped_decisions"] = (sum(stats.get("skipped_decisions", [])), 1.0)
+        now = time.perf_counter()
+        elapsed = now - self._last_generation_time if self._last_generation_time is not None else None
+        self._last_generation_time = now
+        sums["decisions_per_s"] = (n_rows / elapsed if elapsed else 0.0, 1.0 if elapsed else 0.0)
+        for key, value in self._gathered_means(sums).items():
+            if key == "decisions_per_s":
+                value *= self.accelerator.num_processes
+            self._metrics[mode][key].append(value)
+
+    # ------------------------------------------------------------------------------------------------------ loss
+    def _compute_loss(self, model, inputs):
+        args, device = self.args, self.accelerator.device
+        batch = collate_segments(inputs["packed"], self._pad_id).to(device)
+        output = model(**batch.model_inputs())
+        act_logits, legal = act_logits_of(output, batch)  # (N, A)
+        logp_all = torch.log_softmax(act_logits.float() / args.temperature, -1)  # (N, A)
+        actions = inputs["actions"].to(device)  # (N, k)
+        mask = inputs["sample_mask"].to(device)
+        logp = logp_all.gather(1, actions)  # (N, k)
+        pg_loss, clip_ratio = policy_loss(
+            logp,
+            inputs["old_logps"].to(device),
+            inputs["advantages"].to(device),
+            mask,
+            self.epsilon_low,
+            self.epsilon_high,
+        )
+        loss = pg_loss
+        kl = torch.zeros(len(inputs["packed"]), device=device)
+        if self.beta != 0.0:
+            ref = torch.zeros_like(logp_all)
+            for i, r in enumerate(inputs["ref_logps"]):
+                ref[i, : r.shape[0]] = r.to(device)
+            kl = exact_kl(logp_all, ref, legal)  # (N,)
+            loss = loss + self.beta * kl.mean()
+        reports = report_losses(output, batch, inputs["targets"], self._taus)
+        terms = [t for ts in reports.values() for t in ts]
+        report_loss = torch.stack(terms).mean() if terms else torch.zeros((), device=device)
+        loss = loss + args.report_w * report_loss
+        # every head takes part in every step (DDP without find_unused_parameters): zero-weight touch
+        touch = output.option_logits.sum() + output.noul_logits.sum() + output.quantiles.sum()
+        touch = touch + output.score_logits.masked_fill(~torch.isfinite(output.score_logits), 0.0).sum()
+        loss = loss + 0.0 * touch
+
+        mode = "train" if self.model.training else "eval"
+        sums = {
+            "loss/policy": (pg_loss.item(), 1.0),
+            "loss/kl": (kl.mean().item(), 1.0),
+            "loss/report": (report_loss.item(), 1.0 if terms else 0.0),
+            "clip_ratio": (float(clip_ratio), 1.0),
+        }
+        for q in QTYPES:
+            sums[f"report/{q}"] = (float(sum(t.item() for t in reports[q])), float(len(reports[q])))
+        env_index = inputs["env_index"].tolist()
+        for i, name in enumerate(self.rollout.pool.env_names):
+            rows = [j for j, e in enumerate(env_index) if e == i]
+            sums[f"env/{name}/kl"] = (kl[rows].sum().item() if rows else 0.0, float(len(rows)))
+        for key, value in self._gathered_means(sums).items():
+            self._metrics[mode][key].append(value)
+        return loss
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        output_dir = os.path.join(
+            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        )
+        path = os.path.join(output_dir, POOL_STATE_NAME.format(rank=self.accelerator.process_index))
+        os.makedirs(output_dir, exist_ok=True)
+        with open(path + ".tmp", "wb") as f:
+            pickle.dump(self.rollout.state_dict(), f)
+        os.replace(path + ".tmp", path)
+
+    def _load_rng_state(self, checkpoint):
+        super()._load_rng_state(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, POOL_STATE_NAME.format(rank=self.accelerator.process_index))
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                self.rollout.load_state_dict(pickle.load(f))
+
+    # ------------------------------------------------------------------------------------------------ evaluation
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Play ``eval_episodes`` greedy episodes per env (split across processes) and log per-env return, oracle
+        and random returns, normalised score and per-qtype report losses."""
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        sums = evaluation_sums(
+            unwrapped,
+            self._tokenizer,
+            self.env_factories,
+            episodes=self.args.eval_episodes,
+            seed=self.args.seed + 1,
+            max_len=self.args.max_len,
+            batch_size=self.args.max_batch,
+            shard=(self.accelerator.process_index, self.accelerator.num_processes),
+        )
+        metrics = {f"{metric_key_prefix}_{k}": v for k, v in self._gathered_means(sums).items()}
+        for env in self.env_factories:
+            pol, orc, rnd = (metrics.get(f"{metric_key_prefix}_{env}/{k}") for k in ("return", "oracle", "random"))
+            if None not in (pol, orc, rnd) and abs(orc - rnd) > 1e-12:
+                metrics[f"{metric_key_prefix}_{env}/normalized_score"] = (pol - rnd) / (orc - rnd)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+
+class _RegisteredEnv:
+    """A picklable zero-argument factory for a registered env with keyword arguments."""
+
+    def __init__(self, name: str, kwargs: dict):
+        self.name, self.kwargs = name, dict(kwargs)
+
+    def __call__(self):
+        return make_env(self.name, **self.kwargs)
+
+
+__all__ = ["AleaEnvGRPOTrainer"]

@@ -1,0 +1,124 @@
+"""Model-side set-up of the trainer: resolving the ``model`` argument, ``train_mode`` freezing, LoRA, optimizer groups.
+
+Design decisions:
+1. ``model`` may be a backbone id or path (fresh heads via ``AleaModel.from_backbone``), an Alea checkpoint (loaded
+   with ``from_pretrained``: this is the seed's ``--init``), or an ``AleaModel``.
+2. ``tail`` trains the last ``tail_k`` decoder layers and everything after them (the final norm), never the token
+   embeddings; the heads and the extras always train.
+3. ``lora`` puts LoRA adapters (peft) on every linear layer of the last ``tail_k`` decoder layers and trains the heads
+   and extras fully (``modules_to_save``); with the adapter disabled the model is exactly the initial policy, which
+   is then the reference.
+4. Three optimizer groups: heads at ``lr_head``, backbone (or adapters) at ``learning_rate``, extras at ``lr_aux``.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from transformers import AutoConfig
+
+from ..modeling_alea import AleaModel
+
+
+HEADS = ("choice_head", "score_head", "noul_head", "regress_head")
+EXTRAS = ("aux_embed", "ngram", "ngram2")
+
+
+def resolve_model(model, args) -> AleaModel:
+    """An ``AleaModel`` from the trainer's ``model`` argument (see the module docstring)."""
+    if isinstance(model, AleaModel):
+        return model
+    if not isinstance(model, str):
+        raise ValueError(
+            f"AleaEnvGRPOTrainer: field 'model': expected a model id or path, or an AleaModel, got {type(model)}"
+        )
+    init_kwargs = dict(args.model_init_kwargs or {})
+    if AutoConfig.from_pretrained(model, **_hub_kwargs(init_kwargs)).model_type == "alea":
+        return AleaModel.from_pretrained(model, **init_kwargs)
+    return AleaModel.from_backbone(
+        model,
+        backbone_kwargs=init_kwargs,
+        use_aux_embed=args.use_aux_embed,
+        use_ngram=args.use_ngram,
+        use_ngram2=args.use_ngram2,
+    )
+
+
+def _hub_kwargs(init_kwargs: dict) -> dict:
+    return {k: v for k, v in init_kwargs.items() if k in ("revision", "trust_remote_code", "token", "cache_dir")}
+
+
+def decoder_layers(backbone: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The name and the ``ModuleList`` of the backbone's decoder layers (``layers`` for Qwen/Llama, ``h`` for GPT-2)."""
+    n_layers = backbone.config.num_hidden_layers
+    for name, module in backbone.named_children():
+        if isinstance(module, nn.ModuleList) and len(module) == n_layers:
+            return name, module
+    raise ValueError(f"cannot find the decoder layers of {type(backbone).__name__}: no ModuleList of {n_layers}")
+
+
+def apply_train_mode(model: AleaModel, train_mode: str, tail_k: int) -> None:
+    """Set ``requires_grad`` for ``heads``, ``tail`` and ``full`` (``lora`` is handled by peft)."""
+    layers_name, layers = decoder_layers(model.backbone)
+    first_trained = max(len(layers) - tail_k, 0)
+    for name, param in model.backbone.named_parameters():
+        if train_mode == "full":
+            param.requires_grad_(True)
+        elif train_mode == "tail":
+            param.requires_grad_(_in_tail(name, layers_name, first_trained, model.backbone))
+        else:
+            param.requires_grad_(False)
+    for module in _heads_and_extras(model):
+        module.requires_grad_(True)
+
+
+def _in_tail(param_name: str, layers_name: str, first_trained: int, backbone: nn.Module) -> bool:
+    parts = param_name.split(".")
+    if parts[0] == layers_name:
+        return int(parts[1]) >= first_trained
+    owner = backbone.get_submodule(".".join(parts[:-1])) if len(parts) > 1 else backbone
+    return not isinstance(owner, nn.Embedding)  # the final norm trains, the embeddings do not
+
+
+def _heads_and_extras(model: AleaModel) -> list[nn.Module]:
+    return [getattr(model, n) for n in HEADS + EXTRAS if getattr(model, n, None) is not None]
+
+
+def lora_config(model: AleaModel, args):
+    """A peft ``LoraConfig`` on the linear layers of the last ``tail_k`` decoder layers, heads and extras trained."""
+    from peft import LoraConfig
+    from transformers.pytorch_utils import Conv1D
+
+    layers_name, layers = decoder_layers(model.backbone)
+    targets = sorted(
+        {name.split(".")[-1] for name, module in layers.named_modules() if isinstance(module, (nn.Linear, Conv1D))}
+    )
+    n = len(layers)
+    return LoraConfig(
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=targets,
+        layers_to_transform=list(range(max(n - args.tail_k, 0), n)),
+        layers_pattern=layers_name,
+        modules_to_save=[n for n in HEADS + EXTRAS if getattr(model, n, None) is not None],
+    )
+
+
+def param_groups(model: nn.Module, args) -> list[dict]:
+    """Optimizer groups: heads at ``lr_head``, backbone / adapters at ``learning_rate``, extras at ``lr_aux``."""
+    groups = {"heads": [], "backbone": [], "extras": []}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        parts = set(name.split("."))
+        if parts & set(HEADS):
+            groups["heads"].append(param)
+        elif parts & set(EXTRAS):
+            groups["extras"].append(param)
+        else:
+            groups["backbone"].append(param)
+    lrs = {"heads": args.lr_head, "backbone": args.learning_rate, "extras": args.lr_aux}
+    return [{"params": ps, "lr": lrs[g], "name": g} for g, ps in groups.items() if ps]
+
+
+__all__ = ["apply_train_mode", "decoder_layers", "lora_config", "param_groups", "resolve_model"]

@@ -1,0 +1,110 @@
+"""The episode pool: live episodes per env on one process, fair scheduling, recycling, and the queue of ready rows.
+
+Design decisions:
+1. Each process owns a pool seeded from ``(seed, rank)``: ``eps_per_env`` live episodes per env, every one drawing
+   its randomness from the pool's generator, so a seed replays the whole stream of episodes.
+2. Scheduling is fair across envs: decisions are taken round-robin over envs (one live episode of each env in turn,
+   starting from a rotating env), so an env with long states or long episodes cannot crowd the others out.
+3. A finished episode is recycled at once (reset with the pool's generator) and its return recorded.
+4. Rows (decisions ready for the loss) wait in a FIFO queue: dense decisions as soon as their k actions are sampled,
+   outcome decisions when their episode ends. A generation batch takes the oldest rows; the rest wait for the next.
+5. Outcome returns are normalised per env against a window of that env's recent returns, since envs' returns live
+   on different scales.
+6. The whole pool (envs, generators, open outcome decisions, queue, return windows) pickles, so a checkpoint carries
+   it and training resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Episode:
+    """One live episode: its env, the return so far, and (outcome envs) the decisions awaiting the return."""
+
+    env_name: str
+    env: Any
+    ret: float = 0.0
+    n_decisions: int = 0
+    pending: list = field(default_factory=list)
+
+
+class EpisodePool:
+    """Live episodes of several envs on one process.
+
+    Args:
+        factories (`dict[str, Callable]`): env name -> zero-argument factory.
+        eps_per_env (`int`): live episodes per env.
+        rng (`np.random.Generator`): the pool's generator; every episode reset draws from it.
+        baseline_window (`int`): recent returns per env used to normalise outcome returns.
+    """
+
+    def __init__(
+        self, factories: dict[str, Callable], eps_per_env: int, rng: np.random.Generator, baseline_window: int = 64
+    ):
+        self.env_names = list(factories)
+        self.rng = rng
+        self.episodes: dict[str, list[Episode]] = {
+            name: [Episode(name, factory().reset(rng)) for _ in range(eps_per_env)]
+            for name, factory in factories.items()
+        }
+        self.queue: deque = deque()
+        self.returns: dict[str, deque] = {name: deque(maxlen=baseline_window) for name in self.env_names}
+        self.finished: dict[str, list[float]] = {name: [] for name in self.env_names}
+        self._turn = 0
+
+    def schedule(self, limit: int) -> list[Episode]:
+        """Up to ``limit`` live episodes, one per env in turn (round-robin, rotating the starting env)."""
+        n_envs = len(self.env_names)
+        order = [self.env_names[(self._turn + i) % n_envs] for i in range(n_envs)]
+        self._turn = (self._turn + 1) % n_envs
+        per_env = [[ep for ep in self.episodes[name] if not ep.env.done] for name in order]
+        picked = []
+        for depth in range(max((len(eps) for eps in per_env), default=0)):
+            for eps in per_env:
+                if depth < len(eps) and len(picked) < limit:
+                    picked.append(eps[depth])
+        return picked
+
+    def reset_episode(self, episode: Episode) -> None:
+        """Start a fresh episode in this slot (dropping anything the old one had pending)."""
+        episode.env.reset(self.rng)
+        episode.ret, episode.n_decisions, episode.pending = 0.0, 0, []
+
+    def finish(self, episode: Episode) -> float:
+        """Record a finished episode's return and recycle its slot; returns the return."""
+        ret = episode.ret
+        self.returns[episode.env_name].append(ret)
+        self.finished[episode.env_name].append(ret)
+        self.reset_episode(episode)
+        return ret
+
+    def normalise(self, env_name: str, ret: float, scale: bool) -> float:
+        """Advantage of an outcome return against the env's recent returns (the return must be recorded first)."""
+        window = np.asarray(self.returns[env_name], dtype=np.float64)
+        if len(window) < 2:
+            return 0.0
+        adv = ret - window.mean()
+        if scale:
+            adv /= window.std() + 1e-4
+        return float(adv) if math.isfinite(adv) else 0.0
+
+    def pop_finished(self) -> dict[str, list[float]]:
+        """Returns of the episodes finished since the last call, per env."""
+        out = self.finished
+        self.finished = {name: [] for name in self.env_names}
+        return out
+
+    def take(self, n: int) -> list:
+        """The ``n`` oldest ready rows."""
+        return [self.queue.popleft() for _ in range(min(n, len(self.queue)))]
+
+
+__all__ = ["Episode", "EpisodePool"]

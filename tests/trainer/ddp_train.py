@@ -1,0 +1,51 @@
+"""Launched by test_distributed.py under `accelerate launch` with two CPU processes: train a few steps, then save
+each rank's parameters so the test can compare them."""
+
+import sys
+
+import torch
+
+from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
+from alea_trl.testing import build_tiny_tokenizer, tiny_backbone_config
+
+
+def main(out_dir: str, train_mode: str) -> None:
+    tokenizer = build_tiny_tokenizer()
+    torch.manual_seed(0)
+    model = AleaModel.from_backbone(
+        tiny_backbone_config(vocab_size=len(tokenizer)), backbone_kwargs={"dtype": torch.float32}
+    )
+    args = AleaEnvGRPOConfig(
+        output_dir=out_dir,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        envs=["kelly", "nim"],
+        eps_per_env=2,
+        max_batch=8,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_steps=3,
+        logging_steps=1,
+        learning_rate=1e-3,
+        lr_head=1e-3,
+        train_mode=train_mode,
+        tail_k=1,
+        gradient_checkpointing=True,  # the configuration in which DDP needs every parameter touched each step
+    )
+    trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer)
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    init = {n: p.detach().clone() for n, p in unwrapped.named_parameters()}
+    trainer.train()
+    rank = trainer.accelerator.process_index
+    state = {n: p.detach().cpu() for n, p in trainer.accelerator.unwrap_model(trainer.model).named_parameters()}
+    torch.save(
+        {"params": state, "init": init, "log": trainer.state.log_history, "world": trainer.accelerator.num_processes},
+        f"{out_dir}/rank{rank}.pt",
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,83 @@
+"""LoRA mode, saving, reloading and resuming."""
+
+import copy
+
+import torch
+from peft import PeftModel
+from transformers import AutoModel
+
+from alea_trl import AleaEnvGRPOTrainer, AleaModel
+
+from .test_modeling_helpers import fresh_decisions
+
+
+def _answers(model, tokenizer, decisions):
+    return model.predict(decisions, tokenizer)
+
+
+def _assert_same(a, b):
+    for x, y in zip(a, b):
+        for qid in x:
+            torch.testing.assert_close(torch.as_tensor(x[qid]), torch.as_tensor(y[qid]), atol=0, rtol=0)
+
+
+def test_lora_reference_is_the_initial_policy_and_only_adapters_and_heads_train(
+    tiny_model, tokenizer, make_args, tmp_path
+):
+    model = tiny_model()
+    init = copy.deepcopy(model)
+    args = make_args(envs=["kelly", "hmm"], train_mode="lora", tail_k=1, learning_rate=1e-2, lr_head=1e-2, beta=0.1)
+    trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer)
+    peft_model = trainer.model
+    assert isinstance(peft_model, PeftModel)
+    before = {n: p.detach().clone() for n, p in peft_model.named_parameters()}
+    trainer.train()
+    decisions = fresh_decisions(["kelly", "hmm"], 4)
+    trained = _answers(peft_model, tokenizer, decisions)
+    with peft_model.disable_adapter():  # the reference policy
+        _assert_same(_answers(peft_model, tokenizer, decisions), _answers(init, tokenizer, decisions))
+    for name, p in peft_model.named_parameters():
+        changed = not torch.equal(p, before[name])
+        adapter_or_head = "lora_" in name or "modules_to_save" in name
+        assert changed == adapter_or_head, name
+    assert any("layers.1" in n and "lora_" in n for n in before) and not any(
+        "layers.0" in n and "lora_" in n for n in before
+    )
+    trainer.save_model(str(tmp_path / "adapter"))
+    reloaded = PeftModel.from_pretrained(copy.deepcopy(init), str(tmp_path / "adapter"))
+    _assert_same(_answers(reloaded, tokenizer, decisions), trained)
+
+
+def test_save_model_reloads_through_auto_model(tiny_model, tokenizer, make_args, tmp_path):
+    model = tiny_model()
+    trainer = AleaEnvGRPOTrainer(model, args=make_args(envs=["nim"], max_steps=2), processing_class=tokenizer)
+    trainer.train()
+    out = tmp_path / "final"
+    trainer.save_model(str(out))
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+    decisions = fresh_decisions(["nim"], 3)
+    for loaded in (AleaModel.from_pretrained(out), AutoModel.from_pretrained(out)):
+        assert isinstance(loaded, AleaModel)
+        _assert_same(_answers(loaded, tokenizer, decisions), _answers(model, tokenizer, decisions))
+    # an Alea checkpoint is itself a valid `model` argument (the seed's --init)
+    again = AleaEnvGRPOTrainer(str(out), args=make_args(envs=["nim"], max_steps=1), processing_class=tokenizer)
+    _assert_same(_answers(again.model, tokenizer, decisions), _answers(model, tokenizer, decisions))
+
+
+def test_resume_from_checkpoint_continues_the_same_run(tiny_model, tokenizer, make_args, tmp_path):
+    def run(out, resume=None):
+        args = make_args(
+            output_dir=str(out), envs=["kelly", "bandit"], max_steps=4, save_strategy="steps", save_steps=2
+        )
+        trainer = AleaEnvGRPOTrainer(tiny_model(), args=args, processing_class=tokenizer)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    straight = run(tmp_path / "a")
+    run(tmp_path / "b")
+    assert (tmp_path / "b" / "checkpoint-2" / "alea_pool_rank0.pkl").exists()
+    resumed = run(tmp_path / "b", resume=str(tmp_path / "b" / "checkpoint-2"))
+    for (name, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
+        torch.testing.assert_close(p, q, atol=0, rtol=0, msg=name)
+    losses = [h["loss"] for h in straight.state.log_history if "loss" in h]
+    assert losses == [h["loss"] for h in resumed.state.log_history if "loss" in h]

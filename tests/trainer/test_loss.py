@@ -1,0 +1,85 @@
+"""The GRPO loss terms on hand-built tensors."""
+
+import torch
+
+from alea_trl.trainer.loss import exact_kl, policy_loss
+from alea_trl.trainer.rollout import chunk_by_tokens, group_advantages
+
+
+def test_policy_gradient_equals_group_baseline_reinforce_at_ratio_one():
+    g = torch.Generator().manual_seed(0)
+    n, k = 5, 8
+    z = torch.randn(n, generator=g, requires_grad=True)
+    logp_all = torch.log_softmax(z, -1)
+    actions = torch.randint(n, (k,), generator=g)
+    rewards = torch.rand(n, generator=g)[actions]
+    adv = group_advantages(rewards, "group")
+    logp = logp_all[actions][None]  # (1, k)
+    loss, clipped = policy_loss(logp, logp.detach(), adv[None], torch.ones(1, k, dtype=torch.bool), 0.2, 0.2)
+    loss.backward()
+    p = logp_all.exp().detach()
+    by_hand = -sum(adv[j] * (torch.nn.functional.one_hot(actions[j], n).float() - p) for j in range(k)) / k
+    torch.testing.assert_close(z.grad, by_hand)
+    assert clipped == 0
+    # the baseline: advantages are centred and scaled within the group
+    torch.testing.assert_close(adv.mean(), torch.tensor(0.0), atol=1e-6, rtol=0)
+    torch.testing.assert_close(adv, (rewards - rewards.mean()) / (rewards.std() + 1e-4))
+
+
+def test_clipping_engages_outside_the_trust_region():
+    eps_low, eps_high = 0.2, 0.3
+    old = torch.zeros(1, 4)
+    # ratios 1.5 (adv +), 0.5 (adv -), 1.1 (adv +), 0.5 (adv +)
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.1, 0.5]])).requires_grad_(True)
+    adv = torch.tensor([[1.0, -1.0, 1.0, 1.0]])
+    loss, clipped = policy_loss(logp, old, adv, torch.ones(1, 4, dtype=torch.bool), eps_low, eps_high)
+    loss.backward()
+    grad = logp.grad[0]
+    assert grad[0] == 0 and grad[1] == 0  # clipped: above 1 + eps_high with A > 0, below 1 - eps_low with A < 0
+    assert grad[2] != 0 and grad[3] != 0  # inside the region, or clipping would not lower the objective
+    assert clipped == 0.5
+    torch.testing.assert_close(grad[2], torch.tensor(-1.1 / 4))  # d(-A r)/dlogp = -A r / count
+
+
+def test_masked_samples_do_not_count():
+    logp = torch.log(torch.tensor([[0.5, 0.25]])).requires_grad_(True)
+    loss, _ = policy_loss(logp, logp.detach(), torch.tensor([[2.0, 100.0]]), torch.tensor([[True, False]]), 0.2, 0.2)
+    loss.backward()
+    assert logp.grad[0, 1] == 0
+    torch.testing.assert_close(loss, torch.tensor(-2.0))
+
+
+def test_all_equal_rewards_give_zero_advantage():
+    for scale in ("group", "batch", "none"):
+        adv = group_advantages(torch.full((8,), 0.7), scale, batch_std=0.0)
+        assert torch.isfinite(adv).all() and torch.all(adv == 0)
+
+
+def test_exact_kl_by_hand_and_zero_against_itself():
+    logits = torch.tensor([[1.0, 2.0, 0.5, float("-inf")], [0.3, -1.0, float("-inf"), float("-inf")]])
+    ref_logits = torch.tensor([[0.0, 0.0, 0.0, float("-inf")], [1.0, 0.0, float("-inf"), float("-inf")]])
+    legal = torch.isfinite(logits)
+    logp, ref = torch.log_softmax(logits, -1), torch.log_softmax(ref_logits, -1)
+    kl = exact_kl(logp, ref, legal)
+    for i in range(2):
+        n = int(legal[i].sum())
+        p, q = logp[i, :n].exp(), ref[i, :n].exp()
+        torch.testing.assert_close(kl[i], (p * (p.log() - q.log())).sum())
+    torch.testing.assert_close(exact_kl(logp, logp, legal), torch.zeros(2))
+    assert (kl > 0).all()
+
+
+def test_token_budget_chunks():
+    class P:
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+    packed = [P(n) for n in (10, 30, 20, 5, 50)]
+    chunks = chunk_by_tokens(packed, 60)
+    assert sorted(i for c in chunks for i in c) == list(range(5))
+    for c in chunks:
+        assert max(len(packed[i]) for i in c) * len(c) <= 60
+    assert chunk_by_tokens(packed, None) == [list(range(5))]
