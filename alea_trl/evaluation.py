@@ -41,6 +41,17 @@ def _report_loss(question, answer, target, taus) -> float:
     return float(pinball_loss(answer[None].float(), torch.as_tensor(target, dtype=torch.float32)[None], taus))
 
 
+def _baseline_loss(question, target, taus, climatology) -> float:
+    """Loss of the no-skill forecast: uniform for choice / score, 1/2 for noul, the pooled target quantiles of the
+    question (climatology) for regress."""
+    if question.qtype in ("choice", "score"):
+        n = len(target)
+        return _report_loss(question, torch.full((n,), 1.0 / n), target, taus)
+    if question.qtype == "noul":
+        return _report_loss(question, 0.5, target, taus)
+    return _report_loss(question, climatology, target, taus)
+
+
 def _baseline_return(env, rng: np.random.Generator, policy: str, pick: np.random.Generator) -> float:
     env.reset(rng)
     total = 0.0
@@ -61,9 +72,11 @@ def evaluation_sums(
     max_len: int | None = None,
     batch_size: int = 16,
     shard: tuple[int, int] = (0, 1),
+    forecasts: list | None = None,
 ) -> dict[str, tuple[float, float]]:
     """(sum, count) of every evaluation figure; see :func:`evaluate_policy`. ``shard=(i, n)`` plays the episodes
-    whose index is ``i`` modulo ``n``."""
+    whose index is ``i`` modulo ``n``. When ``forecasts`` is a list, every noul forecast is appended to it as
+    ``(env, qid, p_yes, target)``."""
     rank, world = shard
     taus = list(model.config.taus)
     sampler = torch.Generator().manual_seed(seed)
@@ -81,6 +94,7 @@ def evaluation_sums(
                 add(f"{name}/{policy}", _baseline_return(factory(), rng, policy, pick))
         live = [factory().reset(np.random.default_rng([seed, env_idx, i])) for i in mine]
         returns, dropped = [0.0] * len(live), set()
+        regress_seen: list = []  # (question, answer, target) of regress questions, scored against climatology below
         while True:
             idx = [j for j, env in enumerate(live) if not env.done and j not in dropped]
             if not idx:
@@ -105,6 +119,12 @@ def evaluation_sums(
                 for q in d.reports:
                     if q.qid in targets:
                         add(f"{name}/report/{q.qtype}", _report_loss(q, ans[q.qid], targets[q.qid], taus))
+                        if q.qtype == "regress":
+                            regress_seen.append((q, targets[q.qid]))
+                        else:
+                            add(f"{name}/baseline/{q.qtype}", _baseline_loss(q, targets[q.qid], taus, None))
+                        if forecasts is not None and q.qtype == "noul":
+                            forecasts.append((name, q.qid, float(ans[q.qid]), float(targets[q.qid])))
                 probs = ans[ACT_QID]
                 a = int(probs.argmax()) if greedy else int(torch.multinomial(probs, 1, generator=sampler))
                 if env.dense:
@@ -115,6 +135,12 @@ def evaluation_sums(
         for j in range(len(live)):
             if j not in dropped:
                 add(f"{name}/return", returns[j])
+        for qid in {q.qid for q, _ in regress_seen}:
+            pooled = np.concatenate([t for q, t in regress_seen if q.qid == qid])
+            climatology = torch.tensor(np.quantile(pooled, taus), dtype=torch.float32)
+            for q, t in regress_seen:
+                if q.qid == qid:
+                    add(f"{name}/baseline/regress", _baseline_loss(q, t, taus, climatology))
     return {k: (v[0], v[1]) for k, v in sums.items()}
 
 
@@ -127,6 +153,7 @@ def evaluate_policy(
     greedy: bool = True,
     max_len: int | None = None,
     batch_size: int = 16,
+    forecasts: list | None = None,
 ) -> dict[str, dict[str, float]]:
     """Evaluate a model's policy and forecasts on environments.
 
@@ -139,21 +166,49 @@ def evaluate_policy(
         greedy (`bool`, defaults to `True`): argmax actions; otherwise sample from the act head.
         max_len (`int`, *optional*): decisions packing to more tokens end their episode (counted as ``skipped``).
         batch_size (`int`, defaults to 16): decisions per forward.
+        forecasts (`list`, *optional*): when given, every noul forecast is appended as ``(env, qid, p_yes, target)``
+            (the input of a reliability diagram).
 
     Returns:
         `dict[str, dict[str, float]]`: per env ``return`` (policy), ``random``, ``oracle``, ``normalized_score``
         ``(return - random) / (oracle - random)``, ``regret`` (dense envs: mean per decision of the best expected
-        reward minus that of the chosen action) and ``report/<qtype>`` (mean proper score against the oracle).
+        reward minus that of the chosen action), ``report/<qtype>`` (mean proper score against the oracle),
+        ``baseline/<qtype>`` (the same for the no-skill forecast: uniform, 1/2, or the pooled target quantiles of
+        the question for regress) and ``skill/<qtype>`` ``= 1 - report / baseline`` (1 is perfect, 0 no skill).
     """
-    sums = evaluation_sums(model, tokenizer, envs, episodes, seed, greedy, max_len, batch_size)
+    sums = evaluation_sums(model, tokenizer, envs, episodes, seed, greedy, max_len, batch_size, forecasts=forecasts)
     table: dict[str, dict[str, float]] = defaultdict(dict)
     for key, (total, count) in sums.items():
         env, metric = key.split("/", 1)
         table[env][metric] = total / count if count else float("nan")
     for row in table.values():
+        for qtype in [k.split("/")[1] for k in row if k.startswith("report/")]:
+            base = row.get(f"baseline/{qtype}", float("nan"))
+            row[f"skill/{qtype}"] = 1.0 - row[f"report/{qtype}"] / base if base > 0 else float("nan")
         spread = row["oracle"] - row["random"]
         row["normalized_score"] = (row["return"] - row["random"]) / spread if abs(spread) > 1e-12 else float("nan")
     return dict(table)
 
 
-__all__ = ["evaluate_policy", "evaluation_sums"]
+def format_table(table: dict[str, dict[str, float]]) -> str:
+    """A plain-text table of :func:`evaluate_policy` results: one row per env, returns and normalised score, dense
+    regret, and the skill of each report qtype."""
+    qtypes = ("choice", "score", "noul", "regress")
+    header = f"{'env':<12}{'policy':>10}{'random':>10}{'oracle':>10}{'norm.score':>11}{'regret':>9}" + "".join(
+        f"{'skill/' + q:>15}" for q in qtypes
+    )
+    lines = [header, "-" * len(header)]
+
+    def cell(row, key, width, fmt=".3f"):
+        value = row.get(key)
+        return f"{'-':>{width}}" if value is None or value != value else f"{value:>{width}{fmt}}"
+
+    for env, row in table.items():
+        line = f"{env:<12}" + cell(row, "return", 10) + cell(row, "random", 10) + cell(row, "oracle", 10)
+        line += cell(row, "normalized_score", 11) + cell(row, "regret", 9)
+        line += "".join(cell(row, f"skill/{q}", 15) for q in qtypes)
+        lines.append(line)
+    return "\n".join(lines)
+
+
+__all__ = ["evaluate_policy", "evaluation_sums", "format_table"]

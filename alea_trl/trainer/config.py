@@ -72,15 +72,11 @@ class AleaEnvGRPOConfig(GRPOConfig):
             Learning rate of the input-side extras (role and n-gram embeddings).
         train_mode (`str`, *optional*, defaults to `"tail"`):
             What trains: `"heads"`, `"tail"` (the last `tail_k` decoder layers, the final norm and the heads),
-            `"full"`, or `"lora"` (LoRA on the last `tail_k` layers, heads fully trained).
+            `"full"`, or `"lora"` (LoRA on the last `tail_k` layers, heads fully trained; rank, alpha and dropout
+            come from the trainer's `peft_config` when given, e.g. TRL's `ModelConfig` in the recipe, else r=16,
+            alpha=32).
         tail_k (`int`, *optional*, defaults to `8`):
             Decoder layers trained in `tail` and `lora` modes.
-        lora_r (`int`, *optional*, defaults to `16`):
-            LoRA rank in `lora` mode.
-        lora_alpha (`int`, *optional*, defaults to `32`):
-            LoRA alpha in `lora` mode.
-        lora_dropout (`float`, *optional*, defaults to `0.0`):
-            LoRA dropout in `lora` mode.
         use_aux_embed (`bool`, *optional*, defaults to `False`):
             New models only: add zero-initialised segment-role embeddings.
         use_ngram (`bool`, *optional*, defaults to `False`):
@@ -122,9 +118,6 @@ class AleaEnvGRPOConfig(GRPOConfig):
     lr_aux: float = field(default=1e-4, metadata={"help": "Learning rate of the input-side extras."})
     train_mode: str = field(default="tail", metadata={"help": "What trains: 'heads', 'tail', 'full' or 'lora'."})
     tail_k: int = field(default=8, metadata={"help": "Decoder layers trained in tail and lora modes."})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank in lora mode."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha in lora mode."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout in lora mode."})
     use_aux_embed: bool = field(default=False, metadata={"help": "New models: zero-initialised role embeddings."})
     use_ngram: bool = field(default=False, metadata={"help": "New models: zero-initialised hashed bigram embedding."})
     use_ngram2: bool = field(

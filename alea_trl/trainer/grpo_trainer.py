@@ -16,7 +16,7 @@ from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp, unwrap_model_for_generation
 
 from ..envs import make_env
-from ..evaluation import evaluation_sums
+from ..evaluation import evaluation_sums, format_table
 from ..packing import collate_segments
 from ..questions import QTYPES
 from .config import AleaEnvGRPOConfig
@@ -92,7 +92,7 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         if processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path or model.name_or_path)
         if args.train_mode == "lora":
-            peft_config = peft_config or lora_config(model, args)
+            peft_config = lora_config(model, args, base=peft_config)
         elif peft_config is not None:
             raise ValueError("AleaEnvGRPOTrainer: field 'peft_config': only used with train_mode='lora'")
         else:
@@ -341,6 +341,22 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
             with open(path, "rb") as f:
                 self.rollout.load_state_dict(pickle.load(f))
 
+    # ------------------------------------------------------------------------------------------------ model card
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """TRL's model card, tagged with ``alea`` and the env names, with the last evaluation table appended."""
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        super().create_model_card(
+            model_name=model_name, dataset_name=dataset_name, tags=tags + ["alea", *self.env_factories]
+        )
+        table = getattr(self, "last_eval_table", None)
+        path = os.path.join(self.args.output_dir, "README.md")
+        if table and self.is_world_process_zero() and os.path.exists(path):
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(
+                    "\n## Evaluation\n\nGreedy policy, paired episodes; normalised score is (policy - random) / "
+                    "(oracle - random), skill is 1 - loss / no-skill loss.\n\n```\n" + format_table(table) + "\n```\n"
+                )
+
     # ------------------------------------------------------------------------------------------------ evaluation
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Play ``eval_episodes`` greedy episodes per env (split across processes) and log per-env return, oracle
@@ -356,11 +372,18 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
             batch_size=self.args.max_batch,
             shard=(self.accelerator.process_index, self.accelerator.num_processes),
         )
-        metrics = {f"{metric_key_prefix}_{k}": v for k, v in self._gathered_means(sums).items()}
-        for env in self.env_factories:
-            pol, orc, rnd = (metrics.get(f"{metric_key_prefix}_{env}/{k}") for k in ("return", "oracle", "random"))
-            if None not in (pol, orc, rnd) and abs(orc - rnd) > 1e-12:
-                metrics[f"{metric_key_prefix}_{env}/normalized_score"] = (pol - rnd) / (orc - rnd)
+        table: dict[str, dict[str, float]] = {env: {} for env in self.env_factories}
+        for key, value in self._gathered_means(sums).items():
+            env, metric = key.split("/", 1)
+            table[env][metric] = value
+        for row in table.values():
+            if abs(row.get("oracle", 0.0) - row.get("random", 0.0)) > 1e-12:
+                row["normalized_score"] = (row["return"] - row["random"]) / (row["oracle"] - row["random"])
+            for qtype in [k.split("/")[1] for k in row if k.startswith("report/")]:
+                if row.get(f"baseline/{qtype}", 0.0) > 0:
+                    row[f"skill/{qtype}"] = 1.0 - row[f"report/{qtype}"] / row[f"baseline/{qtype}"]
+        self.last_eval_table = table
+        metrics = {f"{metric_key_prefix}_{env}/{k}": v for env, row in table.items() for k, v in row.items()}
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics

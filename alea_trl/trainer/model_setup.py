@@ -83,8 +83,17 @@ def _heads_and_extras(model: AleaModel) -> list[nn.Module]:
     return [getattr(model, n) for n in HEADS + EXTRAS if getattr(model, n, None) is not None]
 
 
-def lora_config(model: AleaModel, args):
-    """A peft ``LoraConfig`` on the linear layers of the last ``tail_k`` decoder layers, heads and extras trained."""
+def lora_config(model: AleaModel, args, base=None):
+    """A peft ``LoraConfig`` on the linear layers of the last ``tail_k`` decoder layers, heads and extras trained.
+
+    Args:
+        model (`AleaModel`): the model to adapt.
+        args: the trainer config (``tail_k``).
+        base (`peft.LoraConfig`, *optional*): a user's config; its rank, alpha, dropout, rslora / dora switches and
+            target modules (when set) are kept, the layer selection and ``modules_to_save`` are completed.
+    """
+    import dataclasses
+
     from peft import LoraConfig
     from transformers.pytorch_utils import Conv1D
 
@@ -93,14 +102,26 @@ def lora_config(model: AleaModel, args):
         {name.split(".")[-1] for name, module in layers.named_modules() if isinstance(module, (nn.Linear, Conv1D))}
     )
     n = len(layers)
+    kept = {}
+    if base is not None:
+        if not isinstance(base, LoraConfig):
+            raise ValueError(
+                f"AleaEnvGRPOTrainer: field 'peft_config': train_mode='lora' needs a LoraConfig, got {base}"
+            )
+        kept = {
+            f.name: getattr(base, f.name)
+            for f in dataclasses.fields(base)
+            if f.name in ("r", "lora_alpha", "lora_dropout", "use_rslora", "use_dora")
+        }
+        if base.target_modules and base.target_modules != "all-linear":
+            targets = sorted(base.target_modules)
+    extra_saved = list(base.modules_to_save or []) if base is not None else []
     return LoraConfig(
-        r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
+        **{"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, **kept},
         target_modules=targets,
         layers_to_transform=list(range(max(n - args.tail_k, 0), n)),
         layers_pattern=layers_name,
-        modules_to_save=[n for n in HEADS + EXTRAS if getattr(model, n, None) is not None],
+        modules_to_save=sorted({*extra_saved, *(m for m in HEADS + EXTRAS if getattr(model, m, None) is not None)}),
     )
 
 

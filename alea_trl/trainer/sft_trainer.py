@@ -1,0 +1,152 @@
+"""AleaSFTTrainer: supervised warm start on a decision dataset, with the same packing and scoring rules as RL."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from transformers import Trainer, TrainingArguments
+
+from ..decision_data import decision_from_row
+from ..losses import choice_loss
+from ..packing import collate_segments, pack_request
+from ..questions import QTYPES
+from .loss import act_logits_of, report_losses
+from .model_setup import apply_train_mode, param_groups
+
+
+@dataclass
+class AleaSFTConfig(TrainingArguments):
+    r"""Configuration of [`AleaSFTTrainer`]: [`~transformers.TrainingArguments`] plus the fields below.
+
+    Parameters:
+        max_len (`int`, *optional*, defaults to `2048`):
+            Most tokens of one packed decision; a longer one raises a `ValueError` naming its env.
+        act_w (`float`, *optional*, defaults to `1.0`):
+            Weight of the act loss (log score against the act target distribution).
+        report_w (`float`, *optional*, defaults to `1.0`):
+            Weight of the proper-scoring report loss.
+        train_mode (`str`, *optional*, defaults to `"full"`):
+            `"heads"`, `"tail"` (last `tail_k` decoder layers + final norm + heads) or `"full"`.
+        tail_k (`int`, *optional*, defaults to `8`):
+            Decoder layers trained in `tail` mode.
+        lr_head (`float`, *optional*, defaults to `1e-4`):
+            Learning rate of the heads (`learning_rate` is the backbone's).
+        lr_aux (`float`, *optional*, defaults to `1e-4`):
+            Learning rate of the input-side extras.
+    """
+
+    max_len: int = field(default=2048, metadata={"help": "Most tokens of one packed decision."})
+    act_w: float = field(default=1.0, metadata={"help": "Weight of the act loss."})
+    report_w: float = field(default=1.0, metadata={"help": "Weight of the proper-scoring report loss."})
+    train_mode: str = field(default="full", metadata={"help": "'heads', 'tail' or 'full'."})
+    tail_k: int = field(default=8, metadata={"help": "Decoder layers trained in tail mode."})
+    lr_head: float = field(default=1e-4, metadata={"help": "Learning rate of the heads."})
+    lr_aux: float = field(default=1e-4, metadata={"help": "Learning rate of the input-side extras."})
+    learning_rate: float = field(default=2e-5, metadata={"help": "Learning rate of the backbone."})
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Kept False: rows are whole decisions, packed by the trainer's collator."}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.train_mode not in ("heads", "tail", "full"):
+            raise ValueError(
+                f"AleaSFTConfig: field 'train_mode': must be heads, tail or full, got {self.train_mode!r}"
+            )
+
+
+class DecisionCollator:
+    """Packs dataset rows into a `PackedBatch` plus their targets."""
+
+    def __init__(self, tokenizer, max_len: int):
+        self.tokenizer, self.max_len = tokenizer, max_len
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+
+    def __call__(self, rows: list[dict]) -> dict:
+        packed, targets, acts = [], [], []
+        for row in rows:
+            decision, tgt, act = decision_from_row(row)
+            packed.append(
+                pack_request(
+                    self.tokenizer, decision.state, decision.questions, max_len=self.max_len, env=decision.env
+                )
+            )
+            targets.append(tgt)
+            acts.append(torch.as_tensor(act, dtype=torch.float32))
+        return {"batch": collate_segments(packed, self.pad_id), "targets": targets, "act_targets": acts}
+
+
+class AleaSFTTrainer(Trainer):
+    """Supervised training of an `AleaModel` on a decision dataset (see `alea_trl.decision_data`).
+
+    What differs from [`~transformers.Trainer`]: rows are decisions packed by a `DecisionCollator`; the loss is
+    ``act_w`` x log score of the act head against the act target + ``report_w`` x the proper-scoring report losses;
+    parameter groups use ``lr_head`` / ``learning_rate`` / ``lr_aux``; per-qtype losses are logged.
+    """
+
+    def __init__(
+        self, model, args: AleaSFTConfig, train_dataset=None, eval_dataset=None, processing_class=None, **kwargs
+    ):
+        if processing_class is None:
+            raise ValueError("AleaSFTTrainer: field 'processing_class': the tokenizer is required")
+        apply_train_mode(model, args.train_mode, args.tail_k)
+        super().__init__(
+            model=model,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            data_collator=DecisionCollator(processing_class, args.max_len),
+            **kwargs,
+        )
+        self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None:
+            groups = param_groups(self.model, self.args)
+            for g in groups:
+                g["weight_decay"] = self.args.weight_decay
+            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.model)
+            optimizer_kwargs.pop("lr", None)
+            self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+        return self.optimizer
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        batch = inputs["batch"].to(self.args.device)
+        output = model(**batch.model_inputs())
+        act_logits, _ = act_logits_of(output, batch)
+        act_t = torch.zeros_like(act_logits, dtype=torch.float32)
+        for i, t in enumerate(inputs["act_targets"]):
+            act_t[i, : t.shape[0]] = t.to(act_t.device)
+        act_loss = choice_loss(act_logits, act_t)
+        taus = self.accelerator.unwrap_model(model).config.taus
+        reports = report_losses(output, batch, inputs["targets"], taus)
+        terms = [t for ts in reports.values() for t in ts]
+        report_loss = torch.stack(terms).mean() if terms else act_loss.new_zeros(())
+        loss = self.args.act_w * act_loss + self.args.report_w * report_loss
+        mode = "train" if model.training else "eval"
+        self._metrics[mode]["loss/act"].append(act_loss.item())
+        for q in QTYPES:
+            if reports[q]:
+                self._metrics[mode][f"report/{q}"].append(torch.stack(reports[q]).mean().item())
+        return (loss, output) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        with torch.no_grad():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
+    def log(self, logs: dict, start_time: float | None = None) -> None:
+        mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"
+        prefix = "eval_" if mode == "eval" else ""
+        for key, values in self._metrics[mode].items():
+            if values:
+                logs[f"{prefix}{key}"] = sum(values) / len(values)
+        self._metrics[mode].clear()
+        super().log(logs, start_time)
+
+
+__all__ = ["AleaSFTConfig", "AleaSFTTrainer", "DecisionCollator"]
