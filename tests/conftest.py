@@ -62,3 +62,15 @@ def random_decision(rng: random.Random) -> Decision:
         questions.append(Question(f"q{i}", qt, random_text(rng, 2, 10), **kw))
     rng.shuffle(questions)
     return Decision(random_text(rng, 5, 60), questions)
+
+
+@pytest.fixture
+def tiny_model_factory(tokenizer):
+    """``tiny_model_factory(seed=0)``: a tiny fp32 Qwen3-backbone AleaModel for training tests."""
+
+    def _make(seed=0):
+        torch.manual_seed(seed)
+        config = tiny_backbone_config("qwen3", vocab_size=len(tokenizer))
+        return AleaModel.from_backbone(config, backbone_kwargs={"dtype": torch.float32})
+
+    return _make

@@ -13,6 +13,12 @@ DENSE_ADVANCE = ("best_of_k", "sample")
 ENV_ERROR_MODES = ("raise", "skip")
 
 
+def _accelerator_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+
+
 class _WholeGroups(int):
     """Stand-in for `num_generations` during GRPOConfig's checks: every batch size counts as whole groups."""
 
@@ -27,7 +33,8 @@ class AleaEnvGRPOConfig(GRPOConfig):
     GRPOConfig fields keep their meaning where one exists: `num_generations` is k (actions sampled per dense decision),
     `beta` weighs the exact KL to the reference policy over the legal options, `temperature` is the sampling
     temperature of the act head, `epsilon` / `epsilon_high` / `num_iterations` / `scale_rewards` act as in TRL.
-    `per_device_train_batch_size` counts *decisions* per loss forward. Text-generation options (vLLM, tools,
+    `per_device_train_batch_size` counts *decisions* per loss forward. `bf16` defaults to TRL's `True` when a GPU is
+    available and to `False` on a CPU-only machine. Text-generation options (vLLM, tools,
     `max_completion_length`, `loss_type`, ...) have no meaning here: the vLLM and continuous-batching switches and
     `cast_lm_head_to_fp32` raise, the others are ignored (with one action per sample every GRPO loss normalisation is
     the same).
@@ -135,6 +142,8 @@ class AleaEnvGRPOConfig(GRPOConfig):
         # Rows of an Alea generation batch are decisions, each holding its own k samples, so GRPOConfig's check that
         # the generation batch holds whole groups of `num_generations` completions does not apply: the parent runs
         # with a stand-in that passes it, and k is validated here.
+        if self.bf16 is None and not self.fp16 and not _accelerator_available():
+            self.bf16 = False  # TRL's default (bf16) needs a GPU; on a CPU-only machine train in fp32
         k = self.num_generations
         self.num_generations = _WholeGroups(2)
         try:
