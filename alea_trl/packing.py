@@ -72,7 +72,8 @@ class PackedRequest:
 
 
 def _encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    # split_special_tokens: env text that spells "<|endoftext|>" is text, never the EOS / pad id
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
 
 def pack_request(

@@ -49,6 +49,16 @@ def _fail(env: str | None, qid: str | None, field_name: str, message: str) -> Va
     return ValueError(f"{_where(env, qid, field_name)}: {message}")
 
 
+def _check_text(value, env: str | None, qid: str | None, field_name: str, what: str) -> None:
+    """A non-empty string that encodes to UTF-8 (no lone surrogates)."""
+    if not isinstance(value, str) or not value:
+        raise _fail(env, qid, field_name, f"{what} must be a non-empty string, got {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise _fail(env, qid, field_name, f"{what} is not valid UTF-8 text ({err.reason} at {err.start})") from None
+
+
 @dataclass(frozen=True)
 class Question:
     """One question asked at a decision point.
@@ -77,19 +87,21 @@ class Question:
 
     def __post_init__(self):
         env, qid = self.env, self.qid if isinstance(self.qid, str) else None
-        if not isinstance(self.qid, str) or not self.qid:
-            raise _fail(env, None, "qid", f"must be a non-empty string, got {self.qid!r}")
-        if self.qtype not in QTYPES:
+        _check_text(self.qid, env, None, "qid", "the qid")
+        if not isinstance(self.qtype, str) or self.qtype not in QTYPES:
             raise _fail(env, qid, "qtype", f"must be one of {QTYPES}, got {self.qtype!r}")
-        if not isinstance(self.text, str) or not self.text:
-            raise _fail(env, qid, "text", f"must be a non-empty string, got {self.text!r}")
+        _check_text(self.text, env, qid, "text", "the text")
         if self.qtype == "choice":
-            if self.options is None or isinstance(self.options, str) or len(self.options) == 0:
-                raise _fail(env, qid, "options", "a choice question needs a non-empty list of option strings")
+            if not isinstance(self.options, (list, tuple)) or len(self.options) == 0:
+                raise _fail(
+                    env,
+                    qid,
+                    "options",
+                    f"a choice question needs a non-empty list of option strings, got {self.options!r}",
+                )
             options = tuple(self.options)
             for i, opt in enumerate(options):
-                if not isinstance(opt, str) or not opt:
-                    raise _fail(env, qid, "options", f"option {i} must be a non-empty string, got {opt!r}")
+                _check_text(opt, env, qid, "options", f"option {i}")
             if len(set(options)) != len(options):
                 raise _fail(env, qid, "options", f"options must be distinct, got {list(options)}")
             object.__setattr__(self, "options", options)
@@ -132,8 +144,7 @@ class Decision:
 
     def __post_init__(self):
         env = self.env
-        if not isinstance(self.state, str) or not self.state:
-            raise _fail(env, None, "state", f"must be a non-empty string, got {self.state!r}")
+        _check_text(self.state, env, None, "state", "the state")
         if isinstance(self.questions, (str, Question)) or not isinstance(self.questions, Sequence):
             raise _fail(env, None, "questions", f"must be a list of Question, got {type(self.questions).__name__}")
         questions = tuple(self.questions)
@@ -176,8 +187,11 @@ class Decision:
 
 def _finite_array(value, env, qid, field_name) -> np.ndarray:
     try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError) as err:
+        raw = np.asarray(value)
+        if raw.dtype.kind not in "biuf":  # no strings, objects or ragged nests: numbers only
+            raise TypeError(f"dtype {raw.dtype}")
+        arr = raw.astype(np.float64)
+    except (TypeError, ValueError, OverflowError) as err:
         raise _fail(env, qid, field_name, f"must be numeric, got {value!r}") from err
     if not np.all(np.isfinite(arr)):
         raise _fail(env, qid, field_name, f"must be finite, got {value!r}")

@@ -18,7 +18,7 @@ from .conftest import random_decision
 
 
 def _encode(tok, text):
-    return tok(text, add_special_tokens=False)["input_ids"]
+    return tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]  # as packing does
 
 
 def _reference_answers(model, tok, decision):
@@ -161,3 +161,11 @@ def test_flex_attention_block_mask_matches_dense(make_model, tokenizer):
     for a, b in zip(dense, got):
         for qid in a:
             torch.testing.assert_close(b[qid], a[qid], atol=1e-4, rtol=0)
+
+
+def test_special_token_text_in_a_state_is_text(tokenizer):
+    from alea_trl.questions import Decision, Question
+
+    d = Decision("Say <|endoftext|> and <|pad|> out loud.", [Question("act", "choice", "Which?", options=["a", "b"])])
+    p = pack_request(tokenizer, d.state, d.questions)
+    assert tokenizer.eos_token_id not in p.input_ids and tokenizer.pad_token_id not in p.input_ids

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
+import math
 import os
 import pickle
 import time
@@ -12,6 +14,7 @@ import torch
 from datasets import Dataset
 from torch.utils.data import SequentialSampler
 from transformers import AutoTokenizer, GenerationConfig
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp, unwrap_model_for_generation
 
@@ -27,6 +30,7 @@ from .rollout import Rollout, np_rng_for_rank, rows_to_inputs
 
 
 POOL_STATE_NAME = "alea_pool_rank{rank}.pkl"
+COMPLETE_MARKER = "alea_checkpoint_complete.json"
 
 
 def _rewards_come_from_envs(*args, **kwargs):
@@ -257,6 +261,7 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         ]
         sums = {k: (sum(stats.get(k, [])), len(stats.get(k, []))) for k in keys}
         sums["skipped_decisions"] = (sum(stats.get("skipped_decisions", [])), 1.0)
+        sums["env_errors"] = (sum(stats.get("env_errors", [])), 1.0)
         now = time.perf_counter()
         elapsed = now - self._last_generation_time if self._last_generation_time is not None else None
         self._last_generation_time = now
@@ -301,36 +306,98 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         touch = touch + output.score_logits.masked_fill(~torch.isfinite(output.score_logits), 0.0).sum()
         loss = loss + 0.0 * touch
 
-        mode = "train" if self.model.training else "eval"
-        sums = {
-            "loss/policy": (pg_loss.item(), 1.0),
-            "loss/kl": (kl.mean().item(), 1.0),
-            "loss/report": (report_loss.item(), 1.0 if terms else 0.0),
-            "clip_ratio": (float(clip_ratio), 1.0),
-        }
-        for q in QTYPES:
-            sums[f"report/{q}"] = (float(sum(t.item() for t in reports[q])), float(len(reports[q])))
-        env_index = inputs["env_index"].tolist()
-        for i, name in enumerate(self.rollout.pool.env_names):
-            rows = [j for j, e in enumerate(env_index) if e == i]
-            sums[f"env/{name}/kl"] = (kl[rows].sum().item() if rows else 0.0, float(len(rows)))
-        for key, value in self._gathered_means(sums).items():
-            self._metrics[mode][key].append(value)
+        self._record_loss_metrics(pg_loss, kl, report_loss, bool(terms), clip_ratio, reports, inputs["env_index"])
         return loss
+
+    def _record_loss_metrics(self, pg_loss, kl, report_loss, has_reports, clip_ratio, reports, env_index) -> None:
+        """Log the loss terms (one device sync for all of them) and stop on a non-finite term before backward."""
+        names = ["loss/policy", "loss/kl", "loss/report", "clip_ratio"]
+        values = [pg_loss.detach(), kl.detach().mean(), report_loss.detach(), clip_ratio]
+        counts = [1.0, 1.0, 1.0 if has_reports else 0.0, 1.0]
+        for q in QTYPES:
+            names.append(f"report/{q}")
+            values.append(torch.stack(reports[q]).detach().sum() if reports[q] else kl.new_zeros(()))
+            counts.append(float(len(reports[q])))
+        env_index = env_index.to(kl.device)
+        for i, name in enumerate(self.rollout.pool.env_names):
+            names.append(f"env/{name}/kl")
+            values.append((kl.detach() * (env_index == i)).sum())
+            counts.append(float((env_index == i).sum()))
+        host = torch.stack([v.float().reshape(()) for v in values]).tolist()
+        for name, value in zip(names[:3], host[:3]):
+            if not math.isfinite(value):
+                raise FloatingPointError(
+                    f"step {self.state.global_step}: the {name} term of the loss is {value}; training stopped before "
+                    "the backward pass, so no weight was changed"
+                )
+        mode = "train" if self.model.training else "eval"
+        for key, value in self._gathered_means(dict(zip(names, zip(host, counts)))).items():
+            self._metrics[mode][key].append(value)
+
+    def _clip_grad_norm(self, model):
+        grad_norm = super()._clip_grad_norm(model)
+        if grad_norm is not None and not math.isfinite(float(grad_norm)):
+            raise FloatingPointError(
+                f"step {self.state.global_step}: the gradient norm is {float(grad_norm)}; training stopped before the "
+                "optimizer step, so no weight was changed"
+            )
+        return grad_norm
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-        output_dir = os.path.join(
-            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        )
-        path = os.path.join(output_dir, POOL_STATE_NAME.format(rank=self.accelerator.process_index))
+        """Trainer's checkpoint, plus the episode pool of every rank, then a commit marker written last (atomically,
+        after all ranks are done). Older checkpoints are rotated out only once the new one is complete, so a process
+        killed at any moment leaves its newest *complete* checkpoint on disk."""
+        limit, self.args.save_total_limit = self.args.save_total_limit, None  # rotate only once complete (below)
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        run_dir = self._get_output_dir(trial=trial)
+        output_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         os.makedirs(output_dir, exist_ok=True)
-        with open(path + ".tmp", "wb") as f:
-            pickle.dump(self.rollout.state_dict(), f)
-        os.replace(path + ".tmp", path)
+        pool_path = os.path.join(output_dir, POOL_STATE_NAME.format(rank=self.accelerator.process_index))
+        # the rollout state, and TRL's buffer of generated rows with its micro-step counter (mid-buffer checkpoints
+        # happen with num_iterations > 1), so a resumed run continues exactly
+        state = {**self.rollout.state_dict(), "buffered_inputs": self._buffered_inputs, "micro_step": self._step}
+        _atomic_pickle(state, pool_path)
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            _atomic_write(
+                os.path.join(output_dir, COMPLETE_MARKER), json.dumps({"global_step": self.state.global_step})
+            )
+            if limit:
+                rotate_checkpoints(
+                    output_dir=run_dir,
+                    save_total_limit=limit,
+                    best_model_checkpoint=self.state.best_model_checkpoint,
+                    use_mtime=True,
+                )
+        self.accelerator.wait_for_everyone()
+
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """Trainer's ``train``; ``resume_from_checkpoint=True`` picks the newest *complete* checkpoint (one whose
+        commit marker was written), and a path to an incomplete one is refused."""
+        if isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() == "true":  # from a CLI / YAML
+            resume_from_checkpoint = True
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"resume_from_checkpoint=True: no complete checkpoint in {self.args.output_dir}")
+        elif isinstance(resume_from_checkpoint, str) and not os.path.exists(
+            os.path.join(resume_from_checkpoint, COMPLETE_MARKER)
+        ):
+            newest = last_complete_checkpoint(os.path.dirname(resume_from_checkpoint.rstrip("/")) or ".")
+            raise ValueError(
+                f"field 'resume_from_checkpoint': {resume_from_checkpoint} is incomplete (no {COMPLETE_MARKER}: its "
+                f"save was interrupted); the newest complete checkpoint there is {newest}"
+            )
+        return super().train(
+            resume_from_checkpoint=resume_from_checkpoint,
+            trial=trial,
+            ignore_keys_for_eval=ignore_keys_for_eval,
+            **kwargs,
+        )
 
     def _load_rng_state(self, checkpoint):
         super()._load_rng_state(checkpoint)
@@ -339,7 +406,9 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         path = os.path.join(checkpoint, POOL_STATE_NAME.format(rank=self.accelerator.process_index))
         if os.path.exists(path):
             with open(path, "rb") as f:
-                self.rollout.load_state_dict(pickle.load(f))
+                state = pickle.load(f)
+            self.rollout.load_state_dict(state)
+            self._buffered_inputs, self._step = state.get("buffered_inputs"), state.get("micro_step", 0)
 
     # ------------------------------------------------------------------------------------------------ model card
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
@@ -389,6 +458,39 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         return metrics
 
 
+def last_complete_checkpoint(output_dir: str) -> str | None:
+    """The newest ``checkpoint-N`` folder of ``output_dir`` whose commit marker exists (``None`` if there is none)."""
+    if not os.path.isdir(output_dir):
+        return None
+    found = []
+    for name in os.listdir(output_dir):
+        path = os.path.join(output_dir, name)
+        prefix = f"{PREFIX_CHECKPOINT_DIR}-"
+        if (
+            name.startswith(prefix)
+            and name[len(prefix) :].isdigit()
+            and os.path.exists(os.path.join(path, COMPLETE_MARKER))
+        ):
+            found.append((int(name[len(prefix) :]), path))
+    return max(found)[1] if found else None
+
+
+def _atomic_write(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def _atomic_pickle(obj, path: str) -> None:
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
 class _RegisteredEnv:
     """A picklable zero-argument factory for a registered env with keyword arguments."""
 
@@ -399,4 +501,4 @@ class _RegisteredEnv:
         return make_env(self.name, **self.kwargs)
 
 
-__all__ = ["AleaEnvGRPOTrainer"]
+__all__ = ["AleaEnvGRPOTrainer", "last_complete_checkpoint"]

@@ -127,13 +127,8 @@ class Rollout:
             if decision.n_legal < 1:
                 raise ValueError(f"env {name!r}: question 'act', field 'options': no legal action")
         except Exception as err:
-            if self.args.on_env_error == "skip":
-                self.stats["skipped_decisions"].append(1.0)
-                self.pool.reset_episode(episode)
-                return None
-            if isinstance(err, ValueError) and f"env {name!r}" in str(err):
-                raise
-            raise ValueError(f"env {name!r}: decision {episode.n_decisions}: {type(err).__name__}: {err}") from err
+            self._env_failed(episode, "observe", err)
+            return None
         try:
             packed = pack_request(
                 self.tokenizer, decision.state, decision.questions, max_len=self.args.max_len, env=name
@@ -144,6 +139,21 @@ class Rollout:
             self.pool.reset_episode(episode)
             return None
         return packed, targets, rewards
+
+    def _env_failed(self, episode: Episode, where: str, err: Exception) -> None:
+        """A malformed decision, target or reward, or an exception inside the env: raise a ``ValueError`` naming the
+        env, the decision and what failed, or (``on_env_error="skip"``) reset the episode and count it."""
+        name = episode.env_name
+        if self.args.on_env_error == "skip":
+            self.stats["skipped_decisions"].append(1.0)
+            self.stats["env_errors"].append(1.0)
+            self.pool.reset_episode(episode)
+            return
+        detail = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+        raise ValueError(
+            f"env {name!r}, decision {episode.n_decisions} of its episode, during {where}(): {detail} "
+            f"(set on_env_error='skip' to reset such episodes and keep training)"
+        ) from err
 
     def wave(self, act_logits_fn: Callable, ref_logits_fn: Callable | None) -> int:
         """One wave of decisions; returns how many rows it added to the queue."""
@@ -194,8 +204,17 @@ class Rollout:
                 ep.pending.append(
                     DecisionRow(idx, packed[i], targets[i], [advance], [], [float(logp_all[advance])], ref_logp)
                 )
-            reward, done = ep.env.step(advance)
-            ep.ret += float(reward)
+            try:
+                reward, done = ep.env.step(advance)
+                reward = float(reward)
+                if not math.isfinite(reward):
+                    raise ValueError(f"env {ep.env_name!r}: field 'reward': step() returned {reward}")
+            except Exception as err:
+                if ep.env.dense:  # its row is already built: drop it with the episode
+                    dense_groups.pop()
+                self._env_failed(ep, "step", err)
+                continue
+            ep.ret += reward
             ep.n_decisions += 1
             if done:
                 self._finish(ep)
