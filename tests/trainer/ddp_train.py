@@ -9,7 +9,8 @@ from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
 from alea_trl.testing import build_tiny_tokenizer, tiny_backbone_config
 
 
-def main(out_dir: str, train_mode: str) -> None:
+def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
+    """``mode``: "plain" (3 steps), "save" (4 steps, a checkpoint every 2), "resume" (from checkpoint-2 to 4)."""
     tokenizer = build_tiny_tokenizer()
     torch.manual_seed(0)
     model = AleaModel.from_backbone(
@@ -20,14 +21,15 @@ def main(out_dir: str, train_mode: str) -> None:
         use_cpu=True,
         bf16=False,
         report_to="none",
-        save_strategy="no",
+        save_strategy="no" if mode == "plain" else "steps",
+        save_steps=2,
         disable_tqdm=True,
         envs=["kelly", "nim"],
         eps_per_env=2,
         max_batch=8,
         per_device_train_batch_size=4,
         num_generations=4,
-        max_steps=3,
+        max_steps=3 if mode == "plain" else 4,
         logging_steps=1,
         learning_rate=1e-3,
         lr_head=1e-3,
@@ -38,7 +40,7 @@ def main(out_dir: str, train_mode: str) -> None:
     trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer)
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     init = {n: p.detach().clone() for n, p in unwrapped.named_parameters()}
-    trainer.train()
+    trainer.train(resume_from_checkpoint=f"{out_dir}/checkpoint-2" if mode == "resume" else None)
     rank = trainer.accelerator.process_index
     state = {n: p.detach().cpu() for n, p in trainer.accelerator.unwrap_model(trainer.model).named_parameters()}
     torch.save(
@@ -48,4 +50,4 @@ def main(out_dir: str, train_mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])
