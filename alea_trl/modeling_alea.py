@@ -142,6 +142,17 @@ def _hash_ngram(ids: Sequence[torch.Tensor], buckets: int) -> tuple[torch.Tensor
     return h, valid
 
 
+def group_option_logits(option_logits: torch.Tensor, option_question: torch.Tensor, n_questions: int) -> torch.Tensor:
+    """Scatter flat option logits `(NO,)` into `(NQ, max_options)`, ``-inf`` where a question has no such option
+    (options of a question are consecutive, in order)."""
+    counts = torch.bincount(option_question, minlength=n_questions)  # (NQ,)
+    starts = torch.cumsum(counts, 0) - counts  # (NQ,)
+    rank = torch.arange(option_question.shape[0], device=option_question.device) - starts[option_question]  # (NO,)
+    width = int(counts.max()) if counts.numel() and option_question.numel() else 1
+    grouped = option_logits.new_full((n_questions, width), float("-inf"))
+    return grouped.index_put((option_question, rank), option_logits)  # (NQ, O)
+
+
 class AleaModel(AleaPreTrainedModel):
     """A decoder backbone with choice, score, noul and regress heads, answering every question of a packed decision
     in one forward pass.
@@ -244,13 +255,7 @@ class AleaModel(AleaPreTrainedModel):
         n_q = q_hidden.shape[0]
 
         option_logits = self.choice_head(o_hidden).squeeze(-1).float()  # (NO,)
-        # rank of each option inside its question, to scatter into (NQ, max_options)
-        counts = torch.bincount(option_question, minlength=n_q)  # (NQ,)
-        starts = torch.cumsum(counts, 0) - counts  # (NQ,)
-        rank = torch.arange(option_question.shape[0], device=option_question.device) - starts[option_question]
-        width = int(counts.max()) if counts.numel() and option_question.numel() else 1
-        choice_logits = option_logits.new_full((n_q, width), float("-inf"))
-        choice_logits = choice_logits.index_put((option_question, rank), option_logits)  # (NQ, O)
+        choice_logits = group_option_logits(option_logits, option_question, n_q)  # (NQ, O)
 
         score_logits = self.score_head(q_hidden).float()  # (NQ, S)
         bins = torch.arange(score_logits.shape[-1], device=score_logits.device)

@@ -9,6 +9,7 @@ import math
 import os
 import pickle
 import time
+from types import SimpleNamespace
 
 import torch
 from datasets import Dataset
@@ -27,6 +28,7 @@ from .loss import act_logits_of, exact_kl, policy_loss, report_losses
 from .model_setup import apply_train_mode, lora_config, param_groups, resolve_model
 from .pool import EpisodePool
 from .rollout import Rollout, np_rng_for_rank, rows_to_inputs
+from .shared_trunk import first_shared_layer, policy_and_reference_act_logits
 
 
 POOL_STATE_NAME = "alea_pool_rank{rank}.pkl"
@@ -120,6 +122,13 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         self.beta = args.beta  # GRPOTrainer.__init__ saw the guard's beta of 0
         self._taus = taus
         self.ref_model = self._build_reference() if args.beta != 0.0 and not self._is_peft() else None
+        # heads / tail modes: the reference reuses the policy's frozen trunk in rollouts (plain modules only)
+        sharded = self.is_deepspeed_enabled or self.is_fsdp_enabled
+        self._shared_trunk_layer = (
+            None
+            if self.ref_model is None or sharded
+            else first_shared_layer(self.accelerator.unwrap_model(self.model), args.train_mode, args.tail_k)
+        )
 
         rank = self.accelerator.process_index
         pool = EpisodePool(factories, args.eps_per_env, np_rng_for_rank(args.seed, rank), args.outcome_baseline_window)
@@ -194,11 +203,28 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         return SequentialSampler(dataset if dataset is not None else self.train_dataset)
 
     # ------------------------------------------------------------------------------------------------ generation
-    def _forward_act_logits(self, model, packed) -> list[torch.Tensor]:
+    def _rollout_logits(self, policy, packed) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Act logits of the policy and (``beta != 0``) of the reference, per decision, for a rollout wave: the
+        reference shares the policy's frozen trunk when it can (see ``shared_trunk``), else runs its own forward
+        (a frozen copy, or the adapter-disabled model under LoRA)."""
         batch = collate_segments(packed, self._pad_id).to(self.accelerator.device)
         with torch.no_grad(), self.compute_loss_context_manager():
-            output = model(**batch.model_inputs())
-        logits, legal = act_logits_of(output, batch)
+            if self.beta != 0.0 and self._shared_trunk_layer is not None:
+                output, ref_choice = policy_and_reference_act_logits(
+                    policy, self.ref_model, batch, self._shared_trunk_layer
+                )
+                return self._act_rows(output.choice_logits, batch), self._act_rows(ref_choice, batch)
+            act = self._act_rows(policy(**batch.model_inputs()).choice_logits, batch)
+            if self.beta == 0.0:
+                return act, None
+            if self.ref_model is not None:
+                return act, self._act_rows(self.ref_model(**batch.model_inputs()).choice_logits, batch)
+            with policy.disable_adapter():
+                return act, self._act_rows(policy(**batch.model_inputs()).choice_logits, batch)
+
+    @staticmethod
+    def _act_rows(choice_logits: torch.Tensor, batch) -> list[torch.Tensor]:
+        logits, legal = act_logits_of(SimpleNamespace(choice_logits=choice_logits), batch)
         return [row[mask] for row, mask in zip(logits.float(), legal)]
 
     @contextlib.contextmanager
@@ -225,21 +251,10 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
             was_training = policy.training
             policy.eval()
 
-            def act_fn(packed):
-                return self._forward_act_logits(policy, packed)
+            def logits_fn(packed):
+                return self._rollout_logits(policy, packed)
 
-            ref_fn = None
-            if self.beta != 0.0 and self.ref_model is not None:
-
-                def ref_fn(packed):
-                    return self._forward_act_logits(self.ref_model, packed)
-            elif self.beta != 0.0:
-
-                def ref_fn(packed):
-                    with policy.disable_adapter():
-                        return self._forward_act_logits(policy, packed)
-
-            rows = self.rollout.collect(n_rows, act_fn, ref_fn)
+            rows = self.rollout.collect(n_rows, logits_fn)
             policy.train(was_training)
         self._log_rollout_stats(mode, n_rows)
         return rows_to_inputs(rows, self.args.num_generations)

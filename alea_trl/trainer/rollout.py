@@ -99,17 +99,17 @@ class Rollout:
         self.stats: dict[str, list[float]] = defaultdict(list)
 
     # ------------------------------------------------------------------------------------------------- collection
-    def collect(self, n_rows: int, act_logits_fn: Callable, ref_logits_fn: Callable | None) -> list[DecisionRow]:
+    def collect(self, n_rows: int, logits_fn: Callable) -> list[DecisionRow]:
         """Run waves until ``n_rows`` rows are ready; return the oldest ``n_rows``.
 
         Args:
             n_rows (`int`): rows wanted.
-            act_logits_fn (`Callable`): ``list[PackedRequest] -> list[Tensor (n_legal,)]``, the policy's act logits.
-            ref_logits_fn (`Callable`, *optional*): the same for the reference policy (``None`` when ``beta == 0``).
+            logits_fn (`Callable`): ``list[PackedRequest] -> (act, ref)``: the policy's act logits, one tensor
+                `(n_legal,)` per decision, and the reference policy's (``None`` when ``beta == 0``).
         """
         stalled = 0
         while len(self.pool.queue) < n_rows:
-            produced = self.wave(act_logits_fn, ref_logits_fn)
+            produced = self.wave(logits_fn)
             stalled = 0 if produced else stalled + 1
             if stalled > 1000:
                 raise RuntimeError(
@@ -155,7 +155,7 @@ class Rollout:
             f"(set on_env_error='skip' to reset such episodes and keep training)"
         ) from err
 
-    def wave(self, act_logits_fn: Callable, ref_logits_fn: Callable | None) -> int:
+    def wave(self, logits_fn: Callable) -> int:
         """One wave of decisions; returns how many rows it added to the queue."""
         args = self.args
         episodes = self.pool.schedule(args.max_batch)
@@ -174,8 +174,9 @@ class Rollout:
         logits, ref_logits = [], []
         for chunk in chunk_by_tokens(packed, args.max_batch_tokens):
             sub = [packed[i] for i in chunk]
-            logits += act_logits_fn(sub)
-            ref_logits += ref_logits_fn(sub) if ref_logits_fn is not None else [None] * len(sub)
+            act, ref = logits_fn(sub)
+            logits += act
+            ref_logits += ref if ref is not None else [None] * len(sub)
 
         before = len(self.pool.queue)
         dense_groups = []

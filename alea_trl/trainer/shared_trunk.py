@@ -1,0 +1,76 @@
+"""The reference policy's act logits from the policy's own forward, when the two share a frozen trunk.
+
+Design decisions:
+1. In ``heads`` and ``tail`` modes the decoder layers below the trained tail are frozen, so the policy and its frozen
+   reference compute identical hidden states up to the first trained layer. The rollout forward of the policy
+   captures the input of that layer (a forward pre-hook, with its keyword arguments: mask, positions, rotary
+   embeddings), and the reference runs only its own copy of the tail, its final norm and its choice head from there.
+2. ``heads`` mode shares the whole trunk: the capture point is the final norm's input.
+3. Sharing needs the reference to be a plain module (not sharded by DeepSpeed / FSDP) and the input-side extras to be
+   off (they train, so the trunk's input would differ). Otherwise the trainer runs the full reference forward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..modeling_alea import AleaModel, group_option_logits
+from ..packing import PackedBatch
+from .model_setup import decoder_layers
+
+
+def final_norm(backbone: nn.Module) -> nn.Module:
+    """The backbone's final norm (``norm`` in Qwen / Llama, ``ln_f`` in GPT-2): its child module named like a norm."""
+    norms = [m for name, m in backbone.named_children() if "norm" in type(m).__name__.lower() or name == "ln_f"]
+    if len(norms) != 1:
+        raise ValueError(f"cannot identify the final norm of {type(backbone).__name__}")
+    return norms[0]
+
+
+def first_shared_layer(model: AleaModel, train_mode: str, tail_k: int) -> int | None:
+    """Index of the first layer the reference must run itself (== n_layers in heads mode); ``None`` when the trunk
+    is not shared (full / lora modes, or input-side extras)."""
+    if train_mode not in ("heads", "tail"):
+        return None
+    if any(getattr(model, name, None) is not None for name in ("aux_embed", "ngram", "ngram2")):
+        return None
+    n = len(decoder_layers(model.backbone)[1])
+    return n if train_mode == "heads" else max(n - tail_k, 0)
+
+
+@torch.no_grad()
+def policy_and_reference_act_logits(
+    policy: AleaModel, reference: AleaModel, batch: PackedBatch, first_layer: int
+) -> tuple[object, torch.Tensor]:
+    """One policy forward, plus the reference's act-question logits computed from the captured trunk.
+
+    Returns:
+        `(AleaOutput, torch.Tensor)`: the policy's outputs and the reference's ``choice_logits`` of shape
+        `(NQ, max_options)`, laid out as ``AleaOutput.choice_logits``.
+    """
+    _, layers = decoder_layers(policy.backbone)
+    target = layers[first_layer] if first_layer < len(layers) else final_norm(policy.backbone)
+    captured = {}
+
+    def hook(module, args, kwargs):
+        captured["args"], captured["kwargs"] = args, kwargs
+
+    handle = target.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        output = policy(**batch.model_inputs())
+    finally:
+        handle.remove()
+    hidden, rest, kwargs = captured["args"][0], captured["args"][1:], captured["kwargs"]
+    _, ref_layers = decoder_layers(reference.backbone)
+    for layer in ref_layers[first_layer:]:
+        out = layer(hidden, *rest, **kwargs)
+        hidden = out[0] if isinstance(out, tuple) else out
+    hidden = final_norm(reference.backbone)(hidden)  # (B, L, H)
+    o_hidden = hidden[batch.option_index[:, 0], batch.option_index[:, 1]]  # (NO, H)
+    ref_option_logits = reference.choice_head(o_hidden).squeeze(-1).float()  # (NO,)
+    n_q = batch.question_index.shape[0]
+    return output, group_option_logits(ref_option_logits, batch.option_question, n_q)
+
+
+__all__ = ["final_norm", "first_shared_layer", "policy_and_reference_act_logits"]
