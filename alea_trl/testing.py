@@ -42,10 +42,18 @@ def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0) -> PreTrainedToke
         vocab_size (`int`, defaults to 512): target vocabulary size (the 256 bytes plus merges and specials).
         seed (`int`, defaults to 0): seed of the synthetic corpus.
     """
+    return train_bpe_tokenizer(_synthetic_corpus(seed=seed), vocab_size=vocab_size)
+
+
+def train_bpe_tokenizer(texts, vocab_size: int, split_digits: bool = False) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on ``texts`` (any iterable of strings); ``split_digits`` splits numbers into
+    single digits first, as Qwen3 does. Specials: ``<|endoftext|>`` (EOS) and ``<|pad|>``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    digits = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
+    tok.pre_tokenizer = pre_tokenizers.Sequence([*digits, byte_level]) if digits else byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -53,7 +61,7 @@ def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0) -> PreTrainedToke
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_synthetic_corpus(seed=seed), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>")
 
 
@@ -113,4 +121,4 @@ def tiny_backbone_config(
     return config
 
 
-__all__ = ["build_qwen_tokenizer", "build_tiny_tokenizer", "tiny_backbone_config"]
+__all__ = ["build_qwen_tokenizer", "build_tiny_tokenizer", "tiny_backbone_config", "train_bpe_tokenizer"]

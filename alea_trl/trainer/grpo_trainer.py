@@ -25,7 +25,7 @@ from ..packing import collate_segments
 from ..questions import QTYPES
 from .config import AleaEnvGRPOConfig
 from .loss import act_logits_of, exact_kl, policy_loss, report_losses
-from .model_setup import apply_train_mode, lora_config, param_groups, resolve_model
+from .model_setup import apply_train_mode, grouped_optimizer, lora_config, resolve_model
 from .pool import EpisodePool
 from .rollout import Rollout, np_rng_for_rank, rows_to_inputs
 from .shared_trunk import first_shared_layer, policy_and_reference_act_logits
@@ -190,12 +190,7 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
     def create_optimizer(self, model=None):
         """Three parameter groups: heads (``lr_head``), backbone (``learning_rate``), extras (``lr_aux``)."""
         if self.optimizer is None:
-            groups = param_groups(self.model, self.args)
-            for g in groups:
-                g["weight_decay"] = self.args.weight_decay
-            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.model)
-            optimizer_kwargs.pop("lr", None)
-            self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+            self.optimizer = grouped_optimizer(self)
         return self.optimizer
 
     def _get_train_sampler(self, dataset=None):

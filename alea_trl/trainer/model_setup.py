@@ -142,4 +142,15 @@ def param_groups(model: nn.Module, args) -> list[dict]:
     return [{"params": ps, "lr": lrs[g], "name": g} for g, ps in groups.items() if ps]
 
 
-__all__ = ["apply_train_mode", "decoder_layers", "lora_config", "param_groups", "resolve_model"]
+def grouped_optimizer(trainer):
+    """The optimizer ``Trainer.create_optimizer`` would build (its class and kwargs from ``args``), over
+    :func:`param_groups` instead of one group."""
+    groups = param_groups(trainer.model, trainer.args)
+    for g in groups:
+        g["weight_decay"] = trainer.args.weight_decay
+    optimizer_cls, optimizer_kwargs = trainer.get_optimizer_cls_and_kwargs(trainer.args, trainer.model)
+    optimizer_kwargs.pop("lr", None)
+    return optimizer_cls(groups, **optimizer_kwargs)
+
+
+__all__ = ["apply_train_mode", "decoder_layers", "grouped_optimizer", "lora_config", "param_groups", "resolve_model"]

@@ -13,7 +13,7 @@ from ..losses import choice_loss
 from ..packing import collate_segments, pack_request
 from ..questions import QTYPES
 from .loss import act_logits_of, report_losses
-from .model_setup import apply_train_mode, param_groups
+from .model_setup import apply_train_mode, grouped_optimizer
 
 
 @dataclass
@@ -106,12 +106,7 @@ class AleaSFTTrainer(Trainer):
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:
-            groups = param_groups(self.model, self.args)
-            for g in groups:
-                g["weight_decay"] = self.args.weight_decay
-            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.model)
-            optimizer_kwargs.pop("lr", None)
-            self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+            self.optimizer = grouped_optimizer(self)
         return self.optimizer
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

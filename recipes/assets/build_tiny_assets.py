@@ -7,12 +7,10 @@ Re-run after changing an env's text: `python recipes/assets/build_tiny_assets.py
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from alea_trl.envs import BUILTIN_ENVS, make_env
 from alea_trl.packing import OPTION_TEMPLATE, QUESTION_TEMPLATE
-from alea_trl.testing import tiny_backbone_config
+from alea_trl.testing import tiny_backbone_config, train_bpe_tokenizer
 
 
 OUT = Path(__file__).with_name("tiny-qwen3")
@@ -35,19 +33,7 @@ def corpus(episodes_per_env: int = 200, seed: int = 0):
 
 
 def main(vocab_size: int = 2048) -> None:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )  # digits one by one, as Qwen3 splits them
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>", "<|pad|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>")
+    fast = train_bpe_tokenizer(corpus(), vocab_size=vocab_size, split_digits=True)  # digits one by one, as Qwen3
     OUT.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(OUT)
     config = tiny_backbone_config("qwen3", vocab_size=len(fast), hidden_size=128, num_layers=4)
