@@ -57,7 +57,6 @@ class EpisodePool:
         }
         self.queue: deque = deque()
         self.returns: dict[str, deque] = {name: deque(maxlen=baseline_window) for name in self.env_names}
-        self.finished: dict[str, list[float]] = {name: [] for name in self.env_names}
         self._turn = 0
 
     def schedule(self, limit: int) -> list[Episode]:
@@ -82,7 +81,6 @@ class EpisodePool:
         """Record a finished episode's return and recycle its slot; returns the return."""
         ret = episode.ret
         self.returns[episode.env_name].append(ret)
-        self.finished[episode.env_name].append(ret)
         self.reset_episode(episode)
         return ret
 
@@ -95,12 +93,6 @@ class EpisodePool:
         if scale:
             adv /= window.std() + 1e-4
         return float(adv) if math.isfinite(adv) else 0.0
-
-    def pop_finished(self) -> dict[str, list[float]]:
-        """Returns of the episodes finished since the last call, per env."""
-        out = self.finished
-        self.finished = {name: [] for name in self.env_names}
-        return out
 
     def take(self, n: int) -> list:
         """The ``n`` oldest ready rows."""

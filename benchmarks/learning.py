@@ -1,0 +1,295 @@
+"""Learning curves from scratch: the normalised score of a tiny random-weight backbone trained with AleaEnvGRPOTrainer.
+
+What it measures: a 4-layer, 128-wide Qwen3-shaped backbone built from recipes/assets/tiny-qwen3 (random weights,
+local tokenizer) is trained on CPU with GRPO on all five built-in envs (hmm, kelly, newsvendor: dense rewards;
+bandit, nim: outcome rewards). Before training and every ``--eval_every`` optimizer steps the policy plays
+``--eval_episodes`` paired episodes per env with ``evaluate_policy`` (greedy act head: the reported figure), always on
+the same evaluation seed, so every point of a curve plays the same episodes as the random and oracle policies. The
+figure is the normalised score ``(policy - random) / (oracle - random)``: 0 is random play, 1 is oracle play.
+
+Targets: every env's score ends above its init score, and the dense envs reach >= 0.5. The "final" score is the mean
+of the last two evaluations (it smooths the jitter of a greedy policy between checkpoints); "best" is the best single
+evaluation after init. The "const" column is the best state-blind policy ("always play option i") on the same
+episodes: a policy at that level has learnt which option is good on average, not to read the state.
+
+    python benchmarks/learning.py                  # the default run: ~10 minutes on a shared 2-core CPU
+    python benchmarks/learning.py --quick          # a ~1-minute smoke run
+    python benchmarks/learning.py --seeds 0,1      # one training run per seed, curves averaged over the seeds
+
+Torch runs on one thread by default (``--threads``): on a shared CPU two threads spin-wait and ran ~4x slower.
+Prints a table (env x evaluation step) and, last, one JSON line with the figures; writes the curves to
+``<out>/learning_curves.png`` and the JSON to ``<out>/learning.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoTokenizer, TrainerCallback
+
+from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
+from alea_trl.evaluation import evaluate_policy
+
+
+ROOT = Path(__file__).resolve().parents[1]
+ASSET = ROOT / "recipes" / "assets" / "tiny-qwen3"
+ENVS = ["hmm", "kelly", "newsvendor", "bandit", "nim"]
+DENSE = ["hmm", "kelly", "newsvendor"]
+EVAL_SEED = 12345  # the evaluation episodes: distinct from the training pool's seed, the same at every evaluation
+
+
+class CurveCallback(TrainerCallback):
+    """Evaluates the policy every ``every`` optimizer steps (and at init) and records the normalised scores."""
+
+    def __init__(self, trainer_ref: dict, tokenizer, every: int, episodes: int, max_len: int, batch_size: int):
+        self.trainer_ref, self.tokenizer = trainer_ref, tokenizer
+        self.every, self.episodes, self.max_len, self.batch_size = every, episodes, max_len, batch_size
+        self.points: list[tuple[int, dict[str, float], float]] = []  # (step, {env: score}, seconds)
+
+    def evaluate(self, step: int) -> None:
+        trainer = self.trainer_ref["trainer"]
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        was_training = model.training
+        model.eval()
+        t0 = time.perf_counter()
+        table = evaluate_policy(
+            model,
+            self.tokenizer,
+            ENVS,
+            episodes=self.episodes,
+            seed=EVAL_SEED,
+            greedy=True,
+            max_len=self.max_len,
+            batch_size=self.batch_size,
+        )
+        model.train(was_training)
+        scores = {env: float(table[env]["normalized_score"]) for env in ENVS}
+        self.baselines = {env: (table[env]["random"], table[env]["oracle"]) for env in ENVS}
+        self.points.append((step, scores, time.perf_counter() - t0))
+        shown = "  ".join(f"{e} {s:+.3f}" for e, s in scores.items())
+        print(f"  step {step:>4}  {shown}  ({self.points[-1][2]:.0f}s)", flush=True)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.evaluate(0)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if step % self.every == 0 or step == state.max_steps:
+            self.evaluate(step)
+
+
+def best_constant(episodes: int, baselines: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Per env, the normalised score of the best state-blind policy "always play option i" (clipped to the legal
+    options) on the evaluation episodes: what a policy that ignores the state text can reach."""
+    from alea_trl.envs import make_env
+
+    out = {}
+    for env_idx, name in enumerate(ENVS):
+        env, (rand, orac), best = make_env(name), baselines[name], -math.inf
+        for a in range(env.reset(np.random.default_rng([EVAL_SEED, env_idx, 0])).observe().n_legal):
+            total = 0.0
+            for i in range(episodes):  # the seeds evaluate_policy gives episode i of env number env_idx
+                env.reset(np.random.default_rng([EVAL_SEED, env_idx, i]))
+                while not env.done:
+                    total += env.step(min(a, env.observe().n_legal - 1))[0]
+            best = max(best, (total / episodes - rand) / (orac - rand))
+        out[name] = float(best)
+    return out
+
+
+def train_one(args, seed: int) -> tuple[list, dict]:
+    """One training run from a fresh random backbone; returns the evaluation points and the random / oracle
+    returns of the evaluation episodes."""
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(ASSET)
+    model = AleaModel.from_backbone(AutoConfig.from_pretrained(ASSET), backbone_kwargs={"dtype": torch.float32})
+    config = AleaEnvGRPOConfig(
+        output_dir=os.path.join(args.out, f"seed{seed}"),
+        envs=ENVS,
+        train_mode="full",
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        lr_head=args.lr_head,
+        lr_aux=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        beta=args.beta,
+        temperature=args.temperature,
+        num_generations=args.num_generations,
+        eps_per_env=args.eps_per_env,
+        max_batch=args.max_batch,
+        per_device_train_batch_size=args.batch_size,
+        max_len=1024,
+        report_w=args.report_w,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        logging_steps=args.logging_steps or args.steps,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=seed,
+    )
+    ref: dict = {}
+    callback = CurveCallback(ref, tokenizer, args.eval_every, args.eval_episodes, config.max_len, config.max_batch)
+    trainer = AleaEnvGRPOTrainer(model, args=config, processing_class=tokenizer, callbacks=[callback])
+    ref["trainer"] = trainer
+    trainer.train()
+    return callback.points, callback.baselines
+
+
+def summarise(runs: list[list[tuple[int, dict[str, float], float]]]) -> dict:
+    """Curves averaged over seeds, init / final (mean of the last two evaluations) / best, and the targets."""
+    steps = [p[0] for p in runs[0]]
+    curves = {env: [float(np.mean([run[i][1][env] for run in runs])) for i in range(len(steps))] for env in ENVS}
+    init = {env: curves[env][0] for env in ENVS}
+    final = {env: float(np.mean(curves[env][-2:])) if len(steps) > 2 else curves[env][-1] for env in ENVS}
+    best = {env: max(curves[env][1:] or curves[env]) for env in ENVS}
+    improved = {env: final[env] > init[env] for env in ENVS}
+    return {
+        "steps": steps[-1],
+        "eval_steps": steps,
+        "init": init,
+        "final": final,
+        "best": best,
+        "improved": improved,
+        "dense_reach_0.5": all(final[env] >= 0.5 for env in DENSE),
+        "curves": curves,
+    }
+
+
+def print_table(summary: dict) -> None:
+    steps = summary["eval_steps"]
+    header = f"{'env':<12}" + "".join(f"{s:>8}" for s in steps)
+    header += f"{'final':>8}{'best':>8}{'improved':>10}{'const':>8}"
+    print("\nnormalised score (policy - random) / (oracle - random), greedy, by optimizer step")
+    print(header)
+    print("-" * len(header))
+    for env in ENVS:
+        row = f"{env + ('*' if env in DENSE else ''):<12}" + "".join(f"{v:>8.3f}" for v in summary["curves"][env])
+        row += f"{summary['final'][env]:>8.3f}{summary['best'][env]:>8.3f}{str(summary['improved'][env]):>10}"
+        row += f"{summary['best_constant'][env]:>8.3f}"
+        print(row)
+    print(
+        "* dense env (target >= 0.5); final = mean of the last two evaluations; const = best state-blind policy "
+        "('always option i') on the same episodes"
+    )
+
+
+def plot(summary: dict, runs: list, path: str, title: str) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    steps = summary["eval_steps"]
+    colors = dict(zip(ENVS, ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"]))
+    for env in ENVS:
+        marker = "o" if env in DENSE else "s"
+        label = f"{env} ({'dense' if env in DENSE else 'outcome'})"
+        ax.plot(steps, summary["curves"][env], "-", marker=marker, ms=5, lw=1.8, color=colors[env], label=label)
+        if len(runs) > 1:
+            for run in runs:
+                ax.plot(steps, [p[1][env] for p in run], "-", color=colors[env], alpha=0.25, lw=0.8)
+    if "best_constant" in summary:  # the best state-blind policy: a tick per env just right of the last step
+        x = steps[-1] + 0.03 * (steps[-1] - steps[0] or 1)
+        for env in ENVS:
+            ax.plot([x], [summary["best_constant"][env]], marker=4, ms=9, color=colors[env], ls="none")
+        ax.plot([], [], marker=4, ms=9, color="gray", ls="none", label="best state-blind policy")
+    ax.axhline(0.0, color="dimgray", ls="--", lw=1.2, zorder=0)
+    ax.axhline(1.0, color="black", ls="--", lw=1.2, zorder=0)
+    ax.axhline(0.5, color="gray", ls=":", lw=1.0, zorder=0)
+    edge = ax.get_yaxis_transform()  # x in axes units, y in data units: labels just right of the plot
+    for y, text, color in ((0.0, "random", "dimgray"), (1.0, "oracle", "black"), (0.5, "dense\ntarget", "gray")):
+        ax.text(1.01, y, text, transform=edge, va="center", ha="left", color=color, fontsize=8)
+    lo = min(min(v) for v in summary["curves"].values())
+    ax.set_ylim(min(-0.25, math.floor(lo * 4) / 4), 1.1)
+    ax.set_xticks(steps)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("normalised score  (policy - random) / (oracle - random)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.legend(loc="outside lower center", fontsize=8, ncols=3, frameon=False)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=160, help="optimizer steps per run")
+    parser.add_argument("--eval_every", type=int, default=40, help="evaluate every this many optimizer steps")
+    parser.add_argument("--eval_episodes", type=int, default=60, help="evaluation episodes per env")
+    parser.add_argument("--seeds", default="0", help="comma-separated training seeds (one run each)")
+    parser.add_argument("--out", default="runs/bench_learning")
+    parser.add_argument("--quick", action="store_true", help="~1-minute smoke run (few steps, few episodes)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1: on a shared CPU, more threads spin and stall)"
+    )
+    hp = parser.add_argument_group("hyper-parameters")
+    hp.add_argument("--lr", type=float, default=1e-3, help="backbone (and extras) learning rate")
+    hp.add_argument("--lr_head", type=float, default=1e-3)
+    hp.add_argument("--beta", type=float, default=0.0)
+    hp.add_argument("--temperature", type=float, default=1.0)
+    hp.add_argument("--num_generations", type=int, default=8)
+    hp.add_argument("--eps_per_env", type=int, default=8)
+    hp.add_argument("--max_batch", type=int, default=40)
+    hp.add_argument("--batch_size", type=int, default=20, help="per_device_train_batch_size (decisions per step)")
+    hp.add_argument("--report_w", type=float, default=1.0)
+    parser.add_argument("--logging_steps", type=int, default=0, help="trainer log every N steps (0: at the end)")
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.eval_every, args.eval_episodes = 20, 10, 20
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    torch.set_num_threads(args.threads)
+    os.makedirs(args.out, exist_ok=True)
+
+    t0 = time.perf_counter()
+    runs = []
+    for seed in seeds:
+        print(f"seed {seed}: {args.steps} steps, evaluating every {args.eval_every} on {args.eval_episodes} episodes")
+        points, baselines = train_one(args, seed)
+        runs.append(points)
+    wall = time.perf_counter() - t0
+    summary = summarise(runs)
+    summary["best_constant"] = best_constant(args.eval_episodes, baselines)
+    print_table(summary)
+
+    title = (
+        f"tiny Qwen3 (4x128, random init), GRPO on CPU: {args.steps} steps, lr {args.lr:g}, "
+        f"{args.batch_size} decisions/step\ngreedy eval on {args.eval_episodes} paired episodes per env, "
+        f"seeds {','.join(map(str, seeds))}"
+    )
+    png = plot(summary, runs, os.path.join(args.out, "learning_curves.png"), title)
+    eval_s = sum(p[2] for run in runs for p in run)
+    print(f"\nwall {wall:.0f}s (evaluation {eval_s:.0f}s); curves: {png}")
+    result = {
+        "steps": summary["steps"],
+        "init": summary["init"],
+        "final": summary["final"],
+        "best": summary["best"],
+        "improved": summary["improved"],
+        "dense_reach_0.5": summary["dense_reach_0.5"],
+        "curves": {"step": summary["eval_steps"], **summary["curves"]},
+        "png": png,
+        "best_constant": summary["best_constant"],
+        "eval": "greedy",
+        "eval_episodes": args.eval_episodes,
+        "seeds": seeds,
+        "wall_s": round(wall, 1),
+        "hparams": {k: getattr(args, k) for k in [a.dest for a in hp._group_actions]},
+    }
+    with open(os.path.join(args.out, "learning.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
