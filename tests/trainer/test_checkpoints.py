@@ -1,6 +1,7 @@
 """LoRA mode, saving, reloading and resuming."""
 
 import copy
+import pickle
 
 import torch
 from peft import PeftModel
@@ -75,7 +76,10 @@ def test_resume_from_checkpoint_continues_the_same_run(tiny_model, tokenizer, ma
 
     straight = run(tmp_path / "a")
     run(tmp_path / "b")
-    assert (tmp_path / "b" / "checkpoint-2" / "alea_pool_rank0.pkl").exists()
+    with open(tmp_path / "b" / "checkpoint-2" / "alea_pool_rank0.pkl", "rb") as f:
+        pool = pickle.load(f)["pool"]
+    open_outcome = [ep for ep in pool.episodes["bandit"] if ep.pending]
+    assert open_outcome, "the checkpoint should hold outcome episodes still waiting for their return"
     resumed = run(tmp_path / "b", resume=str(tmp_path / "b" / "checkpoint-2"))
     for (name, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
         torch.testing.assert_close(p, q, atol=0, rtol=0, msg=name)
