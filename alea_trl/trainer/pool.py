@@ -58,18 +58,29 @@ class EpisodePool:
         self.queue: deque = deque()
         self.returns: dict[str, deque] = {name: deque(maxlen=baseline_window) for name in self.env_names}
         self._turn = 0
+        self._cursor: dict[str, int] = {}
 
     def schedule(self, limit: int) -> list[Episode]:
-        """Up to ``limit`` live episodes, one per env in turn (round-robin, rotating the starting env)."""
+        """Up to ``limit`` live episodes: envs in turn (rotating the starting env), and within an env the episodes in
+        turn (rotating from where the last call stopped), so every live episode advances, not only the first few."""
         n_envs = len(self.env_names)
         order = [self.env_names[(self._turn + i) % n_envs] for i in range(n_envs)]
         self._turn = (self._turn + 1) % n_envs
-        per_env = [[ep for ep in self.episodes[name] if not ep.env.done] for name in order]
-        picked = []
-        for depth in range(max((len(eps) for eps in per_env), default=0)):
-            for eps in per_env:
-                if depth < len(eps) and len(picked) < limit:
-                    picked.append(eps[depth])
+        per_env = {}
+        for name in order:
+            eps, start = self.episodes[name], self._cursor.get(name, 0)
+            rotated = eps[start:] + eps[:start]
+            per_env[name] = [ep for ep in rotated if not ep.env.done]
+        picked, taken = [], dict.fromkeys(order, 0)
+        for depth in range(max((len(eps) for eps in per_env.values()), default=0)):
+            for name in order:
+                if depth < len(per_env[name]) and len(picked) < limit:
+                    picked.append(per_env[name][depth])
+                    taken[name] += 1
+        for name in order:
+            if taken[name]:
+                last = per_env[name][taken[name] - 1]
+                self._cursor[name] = (self.episodes[name].index(last) + 1) % len(self.episodes[name])
         return picked
 
     def reset_episode(self, episode: Episode) -> None:

@@ -25,7 +25,9 @@ def test_shared_trunk_reference_equals_full_reference(make_model, tokenizer, fam
                 p.add_(torch.randn_like(p) * 0.1)
     rng = random.Random(0)
     decisions = [random_decision(rng) for _ in range(3)]
-    batch = collate_segments([pack_request(tokenizer, d.state, d.questions) for d in decisions], tokenizer.pad_token_id)
+    batch = collate_segments(
+        [pack_request(tokenizer, d.state, d.questions) for d in decisions], tokenizer.pad_token_id
+    )
     layer = first_shared_layer(policy, mode, tail_k=1)
     assert layer == (len(decoder_layers(policy.backbone)[1]) - (0 if mode == "heads" else 1))
     output, ref_choice = policy_and_reference_act_logits(policy, reference, batch, layer)
