@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from datasets import load_from_disk
 from transformers import AutoModel, AutoTokenizer
@@ -110,7 +109,6 @@ def test_sft_then_rl_chain_and_dataset_round_trip(tmp_path, monkeypatch):
     assert not torch.equal(start.choice_head.weight, after.choice_head.weight)
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="gloo CPU launch is exercised on Linux CI")
 def test_rl_env_recipe_under_two_cpu_processes(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
