@@ -98,11 +98,11 @@ def collect_decisions(
     Returns:
         `datasets.Dataset` with columns ``env``, ``state``, ``questions``, ``targets`` (see the module docstring).
     """
-    from .envs import make_env
+    from .envs import env_factories
 
     if not 0.0 <= oracle_mix <= 1.0:
         raise ValueError(f"collect_decisions: field 'oracle_mix': must be in [0, 1], got {oracle_mix}")
-    factories = envs if isinstance(envs, dict) else {n: (lambda n=n: make_env(n)) for n in envs}
+    factories = env_factories(envs)
     rows = []
     for e, (name, factory) in enumerate(factories.items()):
         env, pick = factory(), np.random.default_rng([seed, e, 1])

@@ -13,21 +13,13 @@ Design decisions:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from .envs.registry import env_factories
 from .losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
 from .questions import ACT_QID, validate_targets
-
-
-def _factories(envs) -> dict[str, Callable]:
-    from .envs import make_env
-
-    if isinstance(envs, dict):
-        return envs
-    return {name: (lambda name=name: make_env(name)) for name in envs}
 
 
 def _report_loss(question, answer, target, taus) -> float:
@@ -86,7 +78,7 @@ def evaluation_sums(
         sums[key][0] += value
         sums[key][1] += 1.0
 
-    for env_idx, (name, factory) in enumerate(_factories(envs).items()):
+    for env_idx, (name, factory) in enumerate(env_factories(envs).items()):
         mine = [i for i in range(episodes) if i % world == rank]
         for i in mine:
             for policy in ("random", "oracle"):

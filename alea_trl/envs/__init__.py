@@ -11,7 +11,7 @@ from .hmm import HMMEnv
 from .kelly import KellyEnv
 from .newsvendor import NewsvendorEnv
 from .nim import NimEnv
-from .registry import list_envs, make_env, register_env
+from .registry import env_factories, list_envs, make_env, register_env
 
 
 BUILTIN_ENVS = ("hmm", "kelly", "newsvendor", "bandit", "nim")
@@ -27,6 +27,7 @@ __all__ = [
     "KellyEnv",
     "NewsvendorEnv",
     "NimEnv",
+    "env_factories",
     "list_envs",
     "make_env",
     "register_env",

@@ -6,7 +6,9 @@ Design decisions:
    object with this shape; subclassing :class:`AleaEnv` only buys the argument checks below.
 2. All randomness flows from the ``numpy.random.Generator`` given to ``reset``; the env keeps it, so the same seed and
    the same actions replay an episode exactly, and a pickled or deep-copied env continues identically.
-3. Misuse fails loudly: an action out of range raises ``ValueError``; ``step`` or ``observe`` before ``reset`` or
+3. ``observe()`` builds its decision once per decision point (cached until ``step`` or ``reset``), so the checks in
+   ``step`` and a trainer's own ``observe`` do not build the state text twice.
+4. Misuse fails loudly: an action out of range raises ``ValueError``; ``step`` or ``observe`` before ``reset`` or
    after the episode ended raises ``RuntimeError``. Both messages name the env.
 """
 
@@ -42,6 +44,7 @@ class AleaEnv:
         self.rng: np.random.Generator | None = None
         self._done = True
         self._started = False
+        self._decision = None
 
     # ----------------------------------------------------------------------------------------------------- contract
     def reset(self, rng: np.random.Generator) -> AleaEnv:
@@ -51,6 +54,7 @@ class AleaEnv:
         self.rng = rng
         self._done = False
         self._started = True
+        self._decision = None
         self._reset(rng)
         return self
 
@@ -62,7 +66,9 @@ class AleaEnv:
     def observe(self) -> Decision:
         """The current decision point."""
         self._check_live("observe")
-        return self._observe()
+        if getattr(self, "_decision", None) is None:  # observe() is the same until step(): build it once
+            self._decision = self._observe()
+        return self._decision
 
     def step(self, action: int) -> tuple[float, bool]:
         """Apply ``action`` (an index into the act options); returns ``(reward, done)``."""
@@ -75,6 +81,7 @@ class AleaEnv:
                 f"env {self.name!r}: field 'action': {int(action)} is out of range, this decision has {n_legal} "
                 f"legal actions (0..{n_legal - 1})"
             )
+        self._decision = None
         reward, done = self._step(int(action))
         self._done = bool(done)
         return float(reward), self._done

@@ -32,9 +32,36 @@ def make_env(name: str, **kwargs):
     return _REGISTRY[name](**kwargs)
 
 
+class RegisteredEnvFactory:
+    """A picklable zero-argument factory for a registered env and its keyword arguments."""
+
+    def __init__(self, name: str, kwargs: dict | None = None):
+        self.name, self.kwargs = name, dict(kwargs or {})
+
+    def __call__(self):
+        return make_env(self.name, **self.kwargs)
+
+
+def env_factories(envs, env_kwargs: dict | None = None, extra: dict | None = None) -> dict[str, Callable]:
+    """``{name: zero-argument factory}`` for a list of env names (registered, or found in ``extra``), or a dict of
+    factories passed through. Unknown names raise ``ValueError`` here, before anything runs."""
+    if isinstance(envs, dict):
+        return dict(envs)
+    extra, env_kwargs = extra or {}, env_kwargs or {}
+    factories = {}
+    for name in envs:
+        if name in extra:
+            factories[name] = extra[name]
+        elif name not in _REGISTRY:
+            raise ValueError(f"unknown env {name!r}; registered envs: {sorted(_REGISTRY)} (see register_env)")
+        else:
+            factories[name] = RegisteredEnvFactory(name, env_kwargs.get(name))
+    return factories
+
+
 def list_envs() -> list[str]:
     """Names of the registered environments, sorted."""
     return sorted(_REGISTRY)
 
 
-__all__ = ["list_envs", "make_env", "register_env"]
+__all__ = ["RegisteredEnvFactory", "env_factories", "list_envs", "make_env", "register_env"]

@@ -19,7 +19,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp, unwrap_model_for_generation
 
-from ..envs import make_env
+from ..envs import env_factories as make_env_factories
 from ..evaluation import evaluation_sums, format_table
 from ..packing import collate_segments
 from ..questions import QTYPES
@@ -89,7 +89,7 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
             args = AleaEnvGRPOConfig(output_dir="alea-grpo", max_steps=100)
         if not isinstance(args, AleaEnvGRPOConfig):
             raise ValueError(f"AleaEnvGRPOTrainer: field 'args': needs an AleaEnvGRPOConfig, got {type(args)}")
-        factories = self._env_factories(args, env_factories or {})
+        factories = make_env_factories(args.envs, args.env_kwargs, extra=env_factories)
         from transformers import set_seed
 
         set_seed(args.seed)
@@ -137,17 +137,6 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         self._last_generation_time = None
 
     # ------------------------------------------------------------------------------------------------------ set-up
-    @staticmethod
-    def _env_factories(args, user: dict) -> dict:
-        factories = {}
-        for name in args.envs:
-            if name in user:
-                factories[name] = user[name]
-            else:
-                make_env(name, **((args.env_kwargs or {}).get(name, {})))  # raises ValueError for unknown names
-                factories[name] = _RegisteredEnv(name, (args.env_kwargs or {}).get(name, {}))
-        return factories
-
     @staticmethod
     @contextlib.contextmanager
     def _grpo_init_guards(model, args):
@@ -499,16 +488,6 @@ def _atomic_pickle(obj, path: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
-
-
-class _RegisteredEnv:
-    """A picklable zero-argument factory for a registered env with keyword arguments."""
-
-    def __init__(self, name: str, kwargs: dict):
-        self.name, self.kwargs = name, dict(kwargs)
-
-    def __call__(self):
-        return make_env(self.name, **self.kwargs)
 
 
 __all__ = ["AleaEnvGRPOTrainer", "last_complete_checkpoint"]
