@@ -97,7 +97,9 @@ _RANK_SCRIPT = """
 from accelerate import PartialState
 
 state = PartialState(cpu=True)
-print(f"RANK {state.process_index} WORLD {state.num_processes} BACKEND {state.backend}", flush=True)
+# one file per rank: the two processes' stdout lines can interleave
+with open(f"rank{state.process_index}.txt", "w") as f:
+    f.write(f"RANK {state.process_index} WORLD {state.num_processes} BACKEND {state.backend}")
 state.wait_for_everyone()
 """
 
@@ -117,5 +119,6 @@ def test_cpu_2proc_starts_two_processes(tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
-    reports = sorted(re.findall(r"RANK (\d+) WORLD (\d+) BACKEND (\w+)", proc.stdout))
+    written = "\n".join(p.read_text() for p in sorted(tmp_path.glob("rank*.txt")))
+    reports = sorted(re.findall(r"RANK (\d+) WORLD (\d+) BACKEND (\w+)", written))
     assert reports == [("0", "2", "gloo"), ("1", "2", "gloo")], output
