@@ -216,12 +216,14 @@ class AleaModel(AleaPreTrainedModel):
             embeds = embeds + self.ngram2(bucket) * valid[..., None]
         return embeds
 
-    def attention_mask_for(self, question_seg: torch.Tensor, option_seg: torch.Tensor):
+    def attention_mask_for(
+        self, question_seg: torch.Tensor, option_seg: torch.Tensor, doc_seg: torch.Tensor | None = None
+    ):
         """The attention mask this model's attention implementation needs: a FlexAttention ``BlockMask`` under
         ``flex_attention``, else the additive float mask in the compute dtype."""
         if self.backbone.config._attn_implementation == "flex_attention":
-            return block_mask_from_segments(question_seg, option_seg)
-        return mask_from_segments(question_seg, option_seg, self.dtype)
+            return block_mask_from_segments(question_seg, option_seg, doc_seg)
+        return mask_from_segments(question_seg, option_seg, self.dtype, doc_seg)
 
     def forward(
         self,
@@ -233,6 +235,7 @@ class AleaModel(AleaPreTrainedModel):
         question_bins: torch.LongTensor,
         option_index: torch.LongTensor,
         option_question: torch.LongTensor,
+        doc_seg: torch.LongTensor | None = None,
         role_ids: torch.LongTensor | None = None,
         prev_ids: torch.LongTensor | None = None,
         prev2_ids: torch.LongTensor | None = None,
@@ -245,7 +248,7 @@ class AleaModel(AleaPreTrainedModel):
         do not need (``question_type``, ``question_options``, ``question_row``) are accepted and ignored.
         """
         if attention_mask is None:
-            attention_mask = self.attention_mask_for(question_seg, option_seg)
+            attention_mask = self.attention_mask_for(question_seg, option_seg, doc_seg)
         embeds = self._embed(input_ids, role_ids, prev_ids, prev2_ids)
         hidden = self.backbone(
             inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids, use_cache=False

@@ -15,7 +15,10 @@ Design decisions:
 5. ``parent`` gives each token the index of the previous token of its own logical sequence (the last state token
    for a question's first token, the question's last token for an option's first token), so n-gram features see
    the same history packed and unpacked.
-6. Nothing is truncated silently: a decision longer than ``max_len`` raises ``ValueError`` with the token count and
+6. Several decisions may share one row of a batch (``collate_segments(..., row_tokens=...)``): a third label,
+   ``doc_seg`` (the decision's index in the batch), keeps them apart, so a row holding many short decisions gives the
+   same outputs as one row per decision, with far less padding.
+7. Nothing is truncated silently: a decision longer than ``max_len`` raises ``ValueError`` with the token count and
    the limit, unless ``truncate_state=True`` asks for the state to be cut from the left.
 """
 
@@ -204,9 +207,10 @@ class PackedBatch:
     """Packed decisions collated into padded tensors, with flat read-out indices.
 
     Attributes:
-        input_ids, position_ids, question_seg, option_seg, role_ids, prev_ids, prev2_ids (`torch.LongTensor` of shape
-            `(B, L)`): per-token tensors; padding has ``question_seg == -1``, ``prev_ids == prev2_ids == -1`` where no
-            such token exists.
+        input_ids, position_ids, question_seg, option_seg, doc_seg, role_ids, prev_ids, prev2_ids (`torch.LongTensor`
+            of shape `(B, L)`): per-token tensors; ``doc_seg`` is the index of the token's decision in the batch (rows
+            may hold several decisions); padding has ``question_seg == doc_seg == -1``; ``prev_ids == prev2_ids == -1``
+            where no such token exists.
         question_index (`torch.LongTensor` of shape `(NQ, 2)`): ``(row, position)`` of every question read-out,
             decision-major.
         question_type (`torch.LongTensor` of shape `(NQ,)`): index into ``QTYPES``.
@@ -222,6 +226,7 @@ class PackedBatch:
     position_ids: torch.Tensor
     question_seg: torch.Tensor
     option_seg: torch.Tensor
+    doc_seg: torch.Tensor
     role_ids: torch.Tensor
     prev_ids: torch.Tensor
     prev2_ids: torch.Tensor
@@ -239,6 +244,7 @@ class PackedBatch:
         "position_ids",
         "question_seg",
         "option_seg",
+        "doc_seg",
         "role_ids",
         "prev_ids",
         "prev2_ids",
@@ -266,42 +272,77 @@ class PackedBatch:
         return int((self.question_seg >= 0).sum())
 
 
-def collate_segments(packed: Sequence[PackedRequest], pad_id: int) -> PackedBatch:
-    """Right-pad packed requests into one :class:`PackedBatch`."""
+def _place_rows(lengths: list[int], row_tokens: int | None) -> list[tuple[int, int]]:
+    """``(row, offset)`` of each decision: one per row, or first-fit decreasing into rows of ``row_tokens`` tokens
+    (at least the longest decision)."""
+    if row_tokens is None:
+        return [(b, 0) for b in range(len(lengths))]
+    capacity = max(row_tokens, max(lengths))
+    free: list[int] = []  # tokens used per row
+    placed = [(0, 0)] * len(lengths)
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        row = next((r for r, used in enumerate(free) if used + lengths[i] <= capacity), None)
+        if row is None:
+            row = len(free)
+            free.append(0)
+        placed[i] = (row, free[row])
+        free[row] += lengths[i]
+    return placed
+
+
+def collate_segments(packed: Sequence[PackedRequest], pad_id: int, row_tokens: int | None = None) -> PackedBatch:
+    """Right-pad packed requests into one :class:`PackedBatch`.
+
+    Args:
+        packed (`Sequence[PackedRequest]`): the decisions; question and option read-outs stay in this order.
+        pad_id (`int`): the padding token.
+        row_tokens (`int`, *optional*): when given, several decisions share a row of at most this many tokens (or
+            the longest decision, if longer), placed first-fit decreasing; ``doc_seg`` keeps them from attending to
+            each other. ``None``: one decision per row.
+    """
     if not packed:
         raise ValueError("collate_segments: field 'packed': needs at least one packed request")
-    B, L = len(packed), max(len(p) for p in packed)
+    if row_tokens is not None and row_tokens < 1:
+        raise ValueError(f"collate_segments: field 'row_tokens': must be a positive integer or None, got {row_tokens}")
+    placed = _place_rows([len(p) for p in packed], row_tokens)
+    B = 1 + max(row for row, _ in placed)
+    L = max(offset + len(p) for p, (_, offset) in zip(packed, placed))
 
     def full(fill):
         return torch.full((B, L), fill, dtype=torch.long)
 
     input_ids, position_ids = full(pad_id), full(0)
-    question_seg, option_seg = full(-1), full(0)
+    question_seg, option_seg, doc_seg = full(-1), full(0), full(-1)
     prev_ids, prev2_ids = full(-1), full(-1)
+    real = torch.zeros(B, L, dtype=torch.bool)
     q_index, q_type, q_bins, q_opts, q_row, o_index, o_question = [], [], [], [], [], [], []
-    for b, p in enumerate(packed):
+    for d, (p, (b, start)) in enumerate(zip(packed, placed)):
         n = len(p)
+        end = start + n
         ids = torch.tensor(p.input_ids, dtype=torch.long)
         parent = torch.tensor(p.parent, dtype=torch.long)
-        input_ids[b, :n] = ids
-        position_ids[b, :n] = torch.tensor(p.position_ids, dtype=torch.long)
-        question_seg[b, :n] = torch.tensor(p.question_seg, dtype=torch.long)
-        option_seg[b, :n] = torch.tensor(p.option_seg, dtype=torch.long)
+        input_ids[b, start:end] = ids
+        position_ids[b, start:end] = torch.tensor(p.position_ids, dtype=torch.long)
+        question_seg[b, start:end] = torch.tensor(p.question_seg, dtype=torch.long)
+        option_seg[b, start:end] = torch.tensor(p.option_seg, dtype=torch.long)
+        doc_seg[b, start:end] = d
+        real[b, start:end] = True
         has1 = parent >= 0
-        prev_ids[b, :n] = torch.where(has1, ids[parent.clamp(min=0)], -1)
+        prev_ids[b, start:end] = torch.where(has1, ids[parent.clamp(min=0)], -1)
         grand = torch.where(has1, parent[parent.clamp(min=0)], -1)
-        prev2_ids[b, :n] = torch.where(grand >= 0, ids[grand.clamp(min=0)], -1)
+        prev2_ids[b, start:end] = torch.where(grand >= 0, ids[grand.clamp(min=0)], -1)
         for q, q_last, readouts in zip(p.questions, p.question_readout, p.option_readout):
             q_flat = len(q_index)
-            q_index.append((b, q_last))
+            q_index.append((b, start + q_last))
             q_type.append(QTYPES.index(q.qtype))
             q_bins.append(q.n_bins or 0)
             q_opts.append(len(readouts))
-            q_row.append(b)
+            q_row.append(d)
             for o_last in readouts:
-                o_index.append((b, o_last))
+                o_index.append((b, start + o_last))
                 o_question.append(q_flat)
-        position_ids[b, n:] = torch.arange(L - n)
+    # padding positions continue counting (any value works: padding attends only to itself)
+    position_ids = torch.where(real, position_ids, torch.arange(L).expand(B, L))
     role_ids = torch.where(option_seg > 0, ROLE_OPTION, torch.where(question_seg > 0, ROLE_QUESTION, ROLE_STATE))
 
     def long(x, shape=(-1,)):
@@ -312,6 +353,7 @@ def collate_segments(packed: Sequence[PackedRequest], pad_id: int) -> PackedBatc
         position_ids=position_ids,
         question_seg=question_seg,
         option_seg=option_seg,
+        doc_seg=doc_seg,
         role_ids=role_ids,
         prev_ids=prev_ids,
         prev2_ids=prev2_ids,
@@ -326,41 +368,50 @@ def collate_segments(packed: Sequence[PackedRequest], pad_id: int) -> PackedBatc
     )
 
 
-def allowed_attention(question_seg: torch.Tensor, option_seg: torch.Tensor) -> torch.Tensor:
-    """Boolean `(B, L, L)`: may query ``i`` attend key ``j``? (causal, state, own question, own option; padding
-    attends only to itself so no softmax row is empty)."""
+def allowed_attention(
+    question_seg: torch.Tensor, option_seg: torch.Tensor, doc_seg: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Boolean `(B, L, L)`: may query ``i`` attend key ``j``? (causal, same decision, its state, own question, own
+    option; padding attends only to itself so no softmax row is empty). ``doc_seg=None``: one decision per row."""
     L = question_seg.shape[-1]
     idx = torch.arange(L, device=question_seg.device)
     causal = idx[None, :, None] >= idx[None, None, :]  # (1, L, L)
     qi, qj = question_seg[:, :, None], question_seg[:, None, :]
     oi, oj = option_seg[:, :, None], option_seg[:, None, :]
     real = (qi >= 0) & (qj >= 0)
+    if doc_seg is not None:
+        real = real & (doc_seg[:, :, None] == doc_seg[:, None, :])
     visible = (qj == 0) | ((qj == qi) & ((oj == 0) | (oj == oi)))
     pad_self = (qi < 0) & (idx[None, :, None] == idx[None, None, :])
     return (causal & real & visible) | pad_self
 
 
-def mask_from_segments(question_seg: torch.Tensor, option_seg: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def mask_from_segments(
+    question_seg: torch.Tensor, option_seg: torch.Tensor, dtype: torch.dtype, doc_seg: torch.Tensor | None = None
+) -> torch.Tensor:
     """The additive float attention mask `(B, 1, L, L)` in the compute ``dtype`` (0 where allowed, the dtype's
     minimum elsewhere). A boolean 4D mask is not used: it is silently wrong under ``attn_implementation="eager"``."""
-    allowed = allowed_attention(question_seg, option_seg)
+    allowed = allowed_attention(question_seg, option_seg, doc_seg)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=question_seg.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[:, None]
 
 
-def block_mask_from_segments(question_seg: torch.Tensor, option_seg: torch.Tensor):
+def block_mask_from_segments(
+    question_seg: torch.Tensor, option_seg: torch.Tensor, doc_seg: torch.Tensor | None = None
+):
     """The FlexAttention ``BlockMask`` equivalent to :func:`mask_from_segments`, for
     ``attn_implementation="flex_attention"`` (the fast path on GPU: fully masked blocks are skipped)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     B, L = question_seg.shape
+    docs = doc_seg if doc_seg is not None else torch.zeros_like(question_seg)
 
     def mask_mod(b, h, q_idx, kv_idx):
         qi, qj = question_seg[b, q_idx], question_seg[b, kv_idx]
         oi, oj = option_seg[b, q_idx], option_seg[b, kv_idx]
         visible = (qj == 0) | ((qj == qi) & ((oj == 0) | (oj == oi)))
-        real = (qi >= 0) & (qj >= 0)
+        real = (qi >= 0) & (qj >= 0) & (docs[b, q_idx] == docs[b, kv_idx])
         return ((q_idx >= kv_idx) & real & visible) | ((qi < 0) & (q_idx == kv_idx))
 
     return create_block_mask(mask_mod, B, None, L, L, device=question_seg.device)

@@ -6,14 +6,16 @@ Variants, all in one process on copies of the same seeded random weights:
     ``per_device_train_batch_size = 16`` decisions per optimizer step, ``num_generations = k``, ``train_mode="full"``,
     ``beta = 0.0`` by default (``--beta 0.05`` adds the reference forward; 0 matches (c), which has no reference
     either), no gradient checkpointing, fp32, the trainer's defaults otherwise (AdamW fused on CPU, grad-norm clip
-    1.0, ``max_batch = 24`` decisions per rollout wave, ``eps_per_env = 16``). A step includes the rollout (a packed
-    no-grad forward per wave, env stepping, sampling; a wave is needed about every 1.5 steps) and the loss forward,
-    backward and optimizer step.
+    1.0, ``eps_per_env = 16``, ``sample_in_loss_forward`` and ``pack_rows`` on). With ``num_iterations = 1`` a step
+    is one forward with autograd over its 16 decisions (outcome decisions whose episode ended, replayed, and fresh
+    ones, whose actions are sampled from that forward's detached act logits before their envs are stepped),
+    backward and optimizer step; several short decisions share a row of the forward.
 (b) ``unpacked``: the same ``AleaModel`` and decisions from the same episode pool, seed and ``Rollout`` code, but every
     question and every option is its own causal sequence ``state + question (+ option)``
     (``alea_trl.packing.unpacked_sequences``), right-padded, plain causal mask (a 2D padding mask; transformers adds
-    the causal part), heads read at each sequence's last token. The rollout forwards only the act question's option
-    sequences (all the policy needs); the loss forward runs every sequence. The same loss terms as the trainer
+    the causal part), heads read at each sequence's last token. Like (a), actions are sampled from the detached act
+    logits of the loss forward (``Rollout.observe_wave`` / ``advance`` / ``fused_inputs``, the trainer's own code),
+    so each decision is forwarded once. The same loss terms as the trainer
     (``alea_trl.trainer.loss``: clipped policy loss on the k sampled actions with exact expected-reward advantages for
     dense decisions and return-normalised ones for outcome decisions; proper-scoring report losses), the trainer's
     optimizer, parameter groups and clipping; one optimizer step per 16 decisions. Decisions are sorted by length and
@@ -94,12 +96,11 @@ from transformers import PrinterCallback, Qwen3Config, Qwen3ForCausalLM, Trainer
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
 from alea_trl.envs import BUILTIN_ENVS, make_env
 from alea_trl.packing import unpacked_sequences
-from alea_trl.questions import ACT_QID
 from alea_trl.testing import build_qwen_tokenizer
 from alea_trl.trainer.loss import act_logits_of, policy_loss, report_losses
 from alea_trl.trainer.model_setup import param_groups
 from alea_trl.trainer.pool import EpisodePool
-from alea_trl.trainer.rollout import Rollout, act_index, np_rng_for_rank, rows_to_inputs
+from alea_trl.trainer.rollout import Rollout, Wave, act_index, fused_inputs, np_rng_for_rank
 
 
 VARIANTS = ("packed", "unpacked", "trl")
@@ -384,18 +385,17 @@ def packed_body(models: Models, tokenizer, k: int, opts):
                 probe.attach_backbone(trainer.accelerator.unwrap_model(trainer.ref_model).backbone)
             probe.wrap(trainer.accelerator, "backward", "backward")
             probe.wrap(trainer, "_clip_grad_norm", "clip")
-            generate = trainer._generate_and_score_completions
+            collate = trainer._collate
 
-            def timed_generate(batch):
-                with probe.time("rollout_total"):
-                    inputs = generate(batch)
-                if runner.measuring:
-                    lengths = [len(p) for p in inputs["packed"]]
+            def recorded_collate(packed):
+                batch = collate(packed)
+                if runner.measuring and torch.is_grad_enabled():  # the loss forwards (not a no-grad rollout)
+                    lengths = [len(p) for p in packed]
                     runner.tokens.extend(lengths)
-                    runner.extra["loss_padding_fraction"].append(1.0 - sum(lengths) / (len(lengths) * max(lengths)))
-                return inputs
+                    runner.extra["loss_padding_fraction"].append(1.0 - sum(lengths) / batch.input_ids.numel())
+                return batch
 
-            trainer._generate_and_score_completions = timed_generate
+            trainer._collate = recorded_collate
             prefill(trainer.rollout, opts.prefill_waves)
             trainer.train()
 
@@ -448,25 +448,6 @@ class UnpackedLoop:
             attention_mask=attention,
         )
 
-    def act_logits(self, packed) -> list[torch.Tensor]:
-        """Rollout: the act options' logits, one ``state + act question + option`` sequence per legal action."""
-        jobs = []  # (decision, option, tokens)
-        for d, p in enumerate(packed):
-            qi = act_index(p)
-            seqs = unpacked_sequences(p)
-            start = sum(1 + len(p.option_readout[j]) for j in range(qi)) + 1
-            for o in range(len(p.option_readout[qi])):
-                jobs.append((d, o, seqs[start + o][0]))
-        jobs.sort(key=lambda j: len(j[2]))
-        logits = [torch.empty(len(p.option_readout[act_index(p)])) for p in packed]
-        for chunk in _chunks([len(j[2]) for j in jobs], self.chunk_tokens):
-            sub = [jobs[i] for i in chunk]
-            with torch.no_grad():
-                out = self._forward([j[2] for j in sub], [0], list(range(len(sub))), [0] * len(sub), [0])
-            for (d, o, _), v in zip(sub, out.option_logits):
-                logits[d][o] = v
-        return logits
-
     def _decision_sequences(self, p):
         """Unpacked sequences of one decision with the head wiring: questions, then their options."""
         seqs = unpacked_sequences(p)
@@ -481,16 +462,22 @@ class UnpackedLoop:
         return [s for s, _ in seqs], q_local, o_local, o_q
 
     def step(self) -> list[int]:
-        model, args = self.model, self.args
-        model.eval()
-        rows = self.rollout.collect(self.decisions, lambda packed: (self.act_logits(packed), None))
+        """One optimizer step over ``decisions`` decisions, sampling from the loss forward as (a) does: outcome
+        decisions whose episode ended (replayed, policy term only), then fresh decisions, sorted by length and
+        forwarded in chunks; each chunk's fresh actions are sampled from its detached act logits, its envs stepped,
+        and its share of the loss back-propagated."""
+        model, args, rollout = self.model, self.args, self.rollout
         model.train()
-        inputs = rows_to_inputs(rows, self.k)
-        n_samples = float(inputs["sample_mask"].sum())
-        n_reports = sum(1 for row in rows for q in row.packed.questions if q.qid != ACT_QID and q.qid in row.targets)
-        per_decision = [self._decision_sequences(row.packed) for row in rows]
+        replay = rollout.pool.take(self.decisions)
+        wave = rollout.observe_wave(self.decisions - len(replay))
+        packed = [row.packed for row in replay] + wave.packed
+        n_replay = len(replay)
+        # loss normalisers over the whole step: every real policy sample and every report term
+        n_samples = n_replay + self.k * sum(ep.env.dense for ep in wave.episodes)
+        n_reports = sum(1 for p, t in zip(wave.packed, wave.targets) for q in p.questions if q.qid in t)
+        per_decision = [self._decision_sequences(p) for p in packed]
         lengths = [max(len(s) for s in seqs) * len(seqs) for seqs, *_ in per_decision]
-        order = sorted(range(len(rows)), key=lambda i: max(len(s) for s in per_decision[i][0]))
+        order = sorted(range(len(packed)), key=lambda i: max(len(s) for s in per_decision[i][0]))
         tokens = [sum(len(s) for s in seqs) for seqs, *_ in per_decision]
         real = padded = 0
         for chunk in _chunks([lengths[i] for i in order], self.chunk_tokens, by_sum=True):
@@ -503,22 +490,30 @@ class UnpackedLoop:
                 q_rows += [base + r for r in q_local]
                 o_rows += [base + r for r in o_local]
                 o_question += [q_base + q for q in o_q]
-                q_bins += [q.n_bins or 0 for q in rows[d].packed.questions]
-                questions.append(rows[d].packed.questions)
+                q_bins += [q.n_bins or 0 for q in packed[d].questions]
+                questions.append(packed[d].questions)
             out = self._forward(seqs, q_rows, o_rows, o_question, q_bins)
             real += sum(len(x) for x in seqs)
             padded += len(seqs) * max(len(x) for x in seqs)
             batch = SimpleNamespace(questions=questions)
             act, _ = act_logits_of(out, batch)
-            logp_all = torch.log_softmax(act.float() / args.temperature, -1)
-            sel = torch.tensor(idx)
-            mask = inputs["sample_mask"][sel]
-            logp = logp_all.gather(1, inputs["actions"][sel])
-            pg, _ = policy_loss(
-                logp, inputs["old_logps"][sel], inputs["advantages"][sel], mask, args.epsilon, self.epsilon_high
-            )
-            loss = pg * (float(mask.sum()) / max(n_samples, 1.0))
-            reports = report_losses(out, batch, [rows[d].targets for d in idx], list(model.config.taus))
+            # sample the chunk's fresh decisions from its own forward and step their envs
+            fresh = [j for j, d in enumerate(idx) if d >= n_replay]
+            sub = Wave(*([getattr(wave, f)[idx[j] - n_replay] for j in fresh] for f in Wave.__dataclass_fields__))
+            legal = [act[j][torch.isfinite(act[j])] for j in fresh]
+            rows = rollout.advance(sub, legal, [None] * len(fresh))
+            chunk_replay = [replay[d] for d in idx if d < n_replay]
+            inputs = fused_inputs(chunk_replay, sub, rows, self.k, rollout.env_index)
+            sel = torch.tensor([j for j, d in enumerate(idx) if d < n_replay] + fresh)  # inputs' row order
+            logp_all = torch.log_softmax(act[sel].float() / args.temperature, -1)
+            mask = inputs["sample_mask"]
+            logp = logp_all.gather(1, inputs["actions"])
+            pg, _ = policy_loss(logp, inputs["old_logps"], inputs["advantages"], mask, args.epsilon, self.epsilon_high)
+            loss = pg * (float(mask.sum()) / max(n_samples, 1))
+            chunk_targets = [{} for _ in idx]
+            for j, t in zip(sel.tolist(), inputs["targets"]):
+                chunk_targets[j] = t
+            reports = report_losses(out, batch, chunk_targets, list(model.config.taus))
             terms = [t for ts in reports.values() for t in ts]
             if terms:
                 loss = loss + args.report_w * torch.stack(terms).sum() / n_reports

@@ -52,9 +52,9 @@ def _reference_answers(model, tok, decision):
     return out
 
 
-def _packed_answers(model, tok, decisions):
+def _packed_answers(model, tok, decisions, row_tokens=None):
     packed = [pack_request(tok, d.state, d.questions) for d in decisions]
-    batch = collate_segments(packed, tok.pad_token_id)
+    batch = collate_segments(packed, tok.pad_token_id, row_tokens=row_tokens)
     with torch.no_grad():
         output = model(**batch.model_inputs())
     results, flat = [], 0
@@ -101,6 +101,47 @@ def test_batching_changes_nothing(make_model, tokenizer):
             torch.testing.assert_close(got[qid], alone[qid], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("attn,extras", [("sdpa", False), ("eager", True)])
+def test_decisions_sharing_a_row_equal_one_per_row(make_model, tokenizer, attn, extras):
+    """Several decisions in one row (``row_tokens``) answer exactly as with one decision per row, and padding
+    shrinks."""
+    model = make_model(attn=attn, use_aux_embed=extras, use_ngram=extras, use_ngram2=extras)
+    if extras:
+        for emb in (model.aux_embed, model.ngram, model.ngram2):
+            torch.nn.init.normal_(emb.weight, std=0.5)
+    rng = random.Random(5)
+    decisions = [random_decision(rng) for _ in range(7)]
+    packed = [pack_request(tokenizer, d.state, d.questions) for d in decisions]
+    longest = max(len(p) for p in packed)
+    one_per_row = collate_segments(packed, tokenizer.pad_token_id)
+    shared = collate_segments(packed, tokenizer.pad_token_id, row_tokens=2 * longest)
+    assert shared.input_ids.shape[0] < len(decisions)  # rows really are shared
+    assert shared.input_ids.numel() < one_per_row.input_ids.numel()
+    assert int((shared.doc_seg >= 0).sum()) == sum(len(p) for p in packed)  # every token placed once
+    rows = _packed_answers(model, tokenizer, decisions)
+    got = _packed_answers(model, tokenizer, decisions, row_tokens=2 * longest)
+    for a, b in zip(rows, got):
+        for qid in a:
+            torch.testing.assert_close(b[qid], a[qid], atol=1e-5, rtol=0, msg=qid)
+
+
+def test_row_placement_respects_the_budget(tokenizer):
+    rng = random.Random(6)
+    packed = [pack_request(tokenizer, d.state, d.questions) for d in (random_decision(rng) for _ in range(12))]
+    longest = max(len(p) for p in packed)
+    for budget in (1, longest, 2 * longest, 10_000):
+        batch = collate_segments(packed, tokenizer.pad_token_id, row_tokens=budget)
+        assert batch.input_ids.shape[1] <= max(budget, longest)
+        # each decision is one contiguous run of its own tokens, in order
+        for d, p in enumerate(packed):
+            rows, cols = (batch.doc_seg == d).nonzero(as_tuple=True)
+            assert len(set(rows.tolist())) == 1 and cols.tolist() == list(range(cols[0], cols[0] + len(p)))
+            assert batch.input_ids[rows[0], cols].tolist() == p.input_ids
+            assert batch.position_ids[rows[0], cols].tolist() == p.position_ids
+    with pytest.raises(ValueError, match="row_tokens"):
+        collate_segments(packed, tokenizer.pad_token_id, row_tokens=0)
+
+
 def test_layout_and_positions(tokenizer):
     rng = random.Random(2)
     d = random_decision(rng)
@@ -136,6 +177,11 @@ def test_mask_semantics_by_hand():
     mask = mask_from_segments(qseg, oseg, torch.bfloat16)
     assert mask.dtype == torch.bfloat16 and mask.shape == (1, 1, 9, 9)
     assert torch.equal(mask[0, 0] == 0, expected.bool())
+    # two one-token-state decisions in one row never see each other
+    two = allowed_attention(
+        torch.tensor([[0, 1, 0, 1]]), torch.zeros(1, 4, dtype=torch.long), torch.tensor([[0, 0, 1, 1]])
+    )
+    assert torch.equal(two[0].int(), torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]))
 
 
 def test_too_long_raises_with_counts(tokenizer):
@@ -155,7 +201,7 @@ def test_flex_attention_block_mask_matches_dense(make_model, tokenizer):
     dense = _packed_answers(make_model(attn="sdpa"), tokenizer, decisions)
     flex_model = make_model(attn="flex_attention")
     assert flex_model.backbone.config._attn_implementation == "flex_attention"
-    got = _packed_answers(flex_model, tokenizer, decisions)
+    got = _packed_answers(flex_model, tokenizer, decisions, row_tokens=10_000)  # all in one row
     for a, b in zip(dense, got):
         for qid in a:
             torch.testing.assert_close(b[qid], a[qid], atol=1e-4, rtol=0)

@@ -49,8 +49,17 @@ class AleaEnvGRPOConfig(GRPOConfig):
             Constructor keyword arguments per env name.
         eps_per_env (`int`, *optional*, defaults to `16`):
             Live episodes per env on each process.
+        sample_in_loss_forward (`bool`, *optional*, defaults to `True`):
+            With `num_iterations == 1`, every micro-batch's loss forward also answers its fresh decisions: actions
+            are sampled from its detached act logits and the envs stepped, so each decision costs one forward (as in
+            the seed). An outcome decision then trains its KL and reports when made and its action when its episode
+            ends (replayed in a later micro-batch). With `num_iterations > 1`, or `False`, generation is a separate
+            no-grad forward per wave of `max_batch` decisions.
+        pack_rows (`bool`, *optional*, defaults to `True`):
+            Let several decisions share one row of a forward (up to the longest decision in it; they cannot attend
+            to each other), so short decisions do not pay for padding.
         max_batch (`int`, *optional*, defaults to `24`):
-            Most decisions packed into one rollout forward.
+            Most decisions packed into one separate rollout forward.
         max_batch_tokens (`int` or `None`, *optional*, defaults to `None`):
             Token budget of one rollout forward (padded length x decisions); `None` for no budget.
         max_len (`int`, *optional*, defaults to `2048`):
@@ -107,6 +116,17 @@ class AleaEnvGRPOConfig(GRPOConfig):
     max_len: int = field(
         default=2048,
         metadata={"help": "Most tokens of one packed decision; longer ones reset their episode and are counted."},
+    )
+    sample_in_loss_forward: bool = field(
+        default=True,
+        metadata={
+            "help": "With num_iterations == 1, sample actions from the detached logits of the loss forward itself "
+            "(one forward per decision, as the seed does) instead of a separate no-grad rollout forward."
+        },
+    )
+    pack_rows: bool = field(
+        default=True,
+        metadata={"help": "Let several decisions share a row of a forward, up to the longest one (less padding)."},
     )
     dense_advance: str = field(
         default="best_of_k",

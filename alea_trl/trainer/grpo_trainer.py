@@ -27,8 +27,13 @@ from .config import AleaEnvGRPOConfig
 from .loss import act_logits_of, exact_kl, policy_loss, report_losses
 from .model_setup import apply_train_mode, grouped_optimizer, lora_config, resolve_model
 from .pool import EpisodePool
-from .rollout import Rollout, np_rng_for_rank, rows_to_inputs
-from .shared_trunk import first_shared_layer, policy_and_reference_act_logits
+from .rollout import Rollout, fused_inputs, np_rng_for_rank, rows_to_inputs
+from .shared_trunk import (
+    captured_trunk,
+    first_shared_layer,
+    policy_and_reference_act_logits,
+    reference_choice_logits,
+)
 
 
 POOL_STATE_NAME = "alea_pool_rank{rank}.pkl"
@@ -45,8 +50,9 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
     What differs from [`~trl.GRPOTrainer`]:
     - there is no dataset and no reward function: an episode pool per process (``eps_per_env`` episodes of each env in
       ``args.envs``) emits decisions; one row of a generation batch is one decision;
-    - generation is one packed no-grad forward per wave of decisions and sampling from the act head (k actions per
-      dense decision, one per outcome decision), not ``generate``;
+    - no ``generate``: actions are sampled from the act head (k per dense decision, one per outcome decision), from
+      the detached logits of the loss forward itself when ``num_iterations == 1`` (``sample_in_loss_forward``), else
+      from one packed no-grad forward per wave of decisions;
     - advantages: dense decisions use the exact expected rewards of their k actions (group-normalised); outcome
       decisions are replayed when their episode ends, with the per-env normalised return;
     - the loss is the clipped-ratio policy loss + ``beta`` x exact KL over the legal actions + ``report_w`` x
@@ -191,7 +197,7 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         """Act logits of the policy and (``beta != 0``) of the reference, per decision, for a rollout wave: the
         reference shares the policy's frozen trunk when it can (see ``shared_trunk``), else runs its own forward
         (a frozen copy, or the adapter-disabled model under LoRA)."""
-        batch = collate_segments(packed, self._pad_id).to(self.accelerator.device)
+        batch = self._collate(packed)
         with torch.no_grad(), self.compute_loss_context_manager():
             if self.beta != 0.0 and self._shared_trunk_layer is not None:
                 output, ref_choice = policy_and_reference_act_logits(
@@ -222,6 +228,16 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         else:
             yield self.accelerator.unwrap_model(self.model)
 
+    def _collate(self, packed):
+        """Collate decisions on the device; with ``pack_rows`` several share a row, up to the longest decision."""
+        row_tokens = max(len(p) for p in packed) if self.args.pack_rows else None
+        return collate_segments(packed, self._pad_id, row_tokens=row_tokens).to(self.accelerator.device)
+
+    @property
+    def _fused(self) -> bool:
+        """Whether actions are sampled from the loss forward (no separate rollout forward)."""
+        return self.args.sample_in_loss_forward and self.num_iterations == 1
+
     @property
     def _pad_id(self) -> int:
         tok = self._tokenizer
@@ -231,6 +247,9 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         """Rollouts instead of text generation: one row per decision (``len(generation_batch)`` rows)."""
         n_rows = len(generation_batch)
         mode = "train" if self.model.training else "eval"
+        if self._fused:
+            # the decisions are observed, answered and sampled inside the loss forward (``_fused_loss``)
+            return {"decision_slot": torch.arange(n_rows)}
         with self._unwrapped_for_rollout() as policy:
             was_training = policy.training
             policy.eval()
@@ -272,9 +291,51 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------------ loss
     def _compute_loss(self, model, inputs):
+        if "decision_slot" in inputs:
+            return self._fused_loss(model, len(inputs["decision_slot"]))
+        batch = self._collate(inputs["packed"])
+        return self._loss_from_output(model(**batch.model_inputs()), batch, inputs)
+
+    def _fused_loss(self, model, n_slots: int):
+        """``num_iterations == 1``: one forward with autograd answers ``n_slots`` decisions (outcome decisions whose
+        episode ended, replayed, then fresh ones); the fresh ones' actions are sampled from its detached act logits
+        and their envs stepped, and the same forward's outputs give the loss (as the seed does)."""
+        rollout = self.rollout
+        for _ in range(1000):
+            replay = rollout.pool.take(n_slots)
+            wave = rollout.observe_wave(n_slots - len(replay))
+            if replay or wave.episodes:
+                break
+        else:
+            raise RuntimeError(
+                "rollout: 1000 waves produced no decision; every decision is being skipped (see skipped_decisions)"
+            )
+        batch = self._collate([row.packed for row in replay] + wave.packed)
+        ref_choice = None
+        if self.beta != 0.0 and self._shared_trunk_layer is not None:
+            with captured_trunk(self.accelerator.unwrap_model(model), self._shared_trunk_layer) as captured:
+                output = model(**batch.model_inputs())
+            ref_choice = reference_choice_logits(self.ref_model, captured, batch, self._shared_trunk_layer)
+        else:
+            output = model(**batch.model_inputs())
+            if self.beta != 0.0:
+                with torch.no_grad():
+                    if self.ref_model is not None:
+                        ref_choice = self.ref_model(**batch.model_inputs()).choice_logits
+                    else:
+                        with self.accelerator.unwrap_model(model).disable_adapter():
+                            ref_choice = model(**batch.model_inputs()).choice_logits
+        n_replay = len(replay)
+        act = self._act_rows(output.choice_logits.detach(), batch)[n_replay:]
+        ref = self._act_rows(ref_choice, batch)[n_replay:] if ref_choice is not None else [None] * len(act)
+        rows = rollout.advance(wave, act, ref)
+        inputs = fused_inputs(replay, wave, rows, self.args.num_generations, rollout.env_index)
+        self._log_rollout_stats("train", len(batch.questions))
+        return self._loss_from_output(output, batch, inputs)
+
+    def _loss_from_output(self, output, batch, inputs):
+        """Clipped policy loss + ``beta`` x exact KL + ``report_w`` x report loss of one forward's outputs."""
         args, device = self.args, self.accelerator.device
-        batch = collate_segments(inputs["packed"], self._pad_id).to(device)
-        output = model(**batch.model_inputs())
         act_logits, legal = act_logits_of(output, batch)  # (N, A)
         logp_all = torch.log_softmax(act_logits.float() / args.temperature, -1)  # (N, A)
         actions = inputs["actions"].to(device)  # (N, k)
@@ -289,13 +350,15 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
             self.epsilon_high,
         )
         loss = pg_loss
+        kl_weight = inputs["kl_weight"].to(device)  # (N,): which rows' KL and reports train here
         kl = torch.zeros(len(inputs["packed"]), device=device)
         if self.beta != 0.0:
             ref = torch.zeros_like(logp_all)
             for i, r in enumerate(inputs["ref_logps"]):
-                ref[i, : r.shape[0]] = r.to(device)
-            kl = exact_kl(logp_all, ref, legal)  # (N,)
-            loss = loss + self.beta * kl.mean()
+                if r is not None:
+                    ref[i, : r.shape[0]] = r.to(device)
+            kl = exact_kl(logp_all, ref, legal) * kl_weight  # (N,)
+            loss = loss + self.beta * kl.sum() / kl_weight.sum().clamp(min=1.0)
         reports = report_losses(output, batch, inputs["targets"], self._taus)
         terms = [t for ts in reports.values() for t in ts]
         report_loss = torch.stack(terms).mean() if terms else torch.zeros((), device=device)
@@ -305,22 +368,26 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         touch = touch + output.score_logits.masked_fill(~torch.isfinite(output.score_logits), 0.0).sum()
         loss = loss + 0.0 * touch
 
-        self._record_loss_metrics(pg_loss, kl, report_loss, bool(terms), clip_ratio, reports, inputs["env_index"])
+        # KL metrics count the rows whose KL trained here (host tensors: no device sync)
+        env_index = torch.where(inputs["kl_weight"] > 0, inputs["env_index"], -1)
+        self._record_loss_metrics(pg_loss, kl, report_loss, bool(terms), clip_ratio, reports, env_index)
         return loss
 
     def _record_loss_metrics(self, pg_loss, kl, report_loss, has_reports, clip_ratio, reports, env_index) -> None:
-        """Log the loss terms (one device sync for all of them) and stop on a non-finite term before backward."""
+        """Log the loss terms (one device sync for all of them) and stop on a non-finite term before backward.
+        ``env_index`` (host) is -1 for rows whose KL did not train here."""
         names = ["loss/policy", "loss/kl", "loss/report", "clip_ratio"]
-        values = [pg_loss.detach(), kl.detach().mean(), report_loss.detach(), clip_ratio]
-        counts = [1.0, 1.0, 1.0 if has_reports else 0.0, 1.0]
+        n_kl = float((env_index >= 0).sum())
+        values = [pg_loss.detach(), kl.detach().sum() / max(n_kl, 1.0), report_loss.detach(), clip_ratio]
+        counts = [1.0, 1.0 if n_kl > 0 else 0.0, 1.0 if has_reports else 0.0, 1.0]
         for q in QTYPES:
             names.append(f"report/{q}")
             values.append(torch.stack(reports[q]).detach().sum() if reports[q] else kl.new_zeros(()))
             counts.append(float(len(reports[q])))
-        env_index = env_index.to(kl.device)
+        on_device = env_index.to(kl.device)
         for i, name in enumerate(self.rollout.pool.env_names):
             names.append(f"env/{name}/kl")
-            values.append((kl.detach() * (env_index == i)).sum())
+            values.append((kl.detach() * (on_device == i)).sum())
             counts.append(float((env_index == i).sum()))
         host = torch.stack([v.float().reshape(()) for v in values]).tolist()
         for name, value in zip(names[:3], host[:3]):

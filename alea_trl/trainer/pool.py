@@ -6,8 +6,9 @@ Design decisions:
 2. Scheduling is fair across envs: decisions are taken round-robin over envs (one live episode of each env in turn,
    starting from a rotating env), so an env with long states or long episodes cannot crowd the others out.
 3. A finished episode is recycled at once (reset with the pool's generator) and its return recorded.
-4. Rows (decisions ready for the loss) wait in a FIFO queue: dense decisions as soon as their k actions are sampled,
-   outcome decisions when their episode ends. A generation batch takes the oldest rows; the rest wait for the next.
+4. Rows (decisions ready for the loss) wait in a FIFO queue: outcome decisions when their episode ends, and (when
+   actions come from a separate rollout forward) dense decisions as soon as their k actions are sampled. A batch
+   takes the oldest rows; the rest wait for the next.
 5. Outcome returns are normalised per env against a window of that env's recent returns, since envs' returns live
    on different scales.
 6. The whole pool (envs, generators, open outcome decisions, queue, return windows) pickles, so a checkpoint carries

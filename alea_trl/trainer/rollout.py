@@ -1,9 +1,11 @@
-"""Rollouts: turn live episodes into rows for the GRPO loss, with one no-grad packed forward per wave of decisions.
+"""Rollouts: turn live episodes into rows for the GRPO loss.
 
 Design decisions:
-1. A wave takes up to ``max_batch`` decisions from the pool (fair across envs), packs them, and answers them in
-   forwards capped by ``max_batch_tokens``; actions are sampled from the act head at ``temperature`` with the
-   rollout's own ``torch.Generator`` (checkpointed with the pool).
+1. A wave takes decisions from the pool (fair across envs) and packs them (``observe_wave``); ``advance`` samples
+   their actions from the act head's logits at ``temperature`` with the rollout's own ``torch.Generator``
+   (checkpointed with the pool) and steps the envs. The logits come either from the loss forward itself (the
+   trainer's ``sample_in_loss_forward``, see ``fused_inputs``) or from a separate no-grad forward (``wave``: up to
+   ``max_batch`` decisions, in forwards capped by ``max_batch_tokens``).
 2. Dense decisions: k actions from one set of act logits; their exact expected rewards ``action_rewards()[a]`` give
    the group advantage ``(r - mean) / (std + 1e-4)`` (``scale_rewards``: "group", "batch" or "none"). The episode
    advances by the best of the k (the seed's) or by the first sample.
@@ -77,6 +79,16 @@ def group_advantages(rewards: torch.Tensor, scale_rewards: str, batch_std: float
     if scale_rewards == "batch":
         return centred / ((batch_std or 0.0) + 1e-4)
     return centred
+
+
+@dataclass
+class Wave:
+    """Decisions observed together: their episodes, packings, validated targets and (dense) expected rewards."""
+
+    episodes: list[Episode]
+    packed: list[PackedRequest]
+    targets: list[dict]
+    rewards: list[list[float] | None]
 
 
 class Rollout:
@@ -155,55 +167,73 @@ class Rollout:
             f"(set on_env_error='skip' to reset such episodes and keep training)"
         ) from err
 
-    def wave(self, logits_fn: Callable) -> int:
-        """One wave of decisions; returns how many rows it added to the queue."""
-        args = self.args
-        episodes = self.pool.schedule(args.max_batch)
-        live, packed, targets, rewards = [], [], [], []
-        for ep in episodes:
+    def observe_wave(self, limit: int) -> Wave:
+        """Up to ``limit`` decisions from the pool (fair across envs), observed, validated and packed."""
+        wave = Wave([], [], [], [])
+        for ep in self.pool.schedule(limit):
             got = self._observe(ep)
             if got is None:
                 continue
-            live.append(ep)
-            packed.append(got[0])
-            targets.append(got[1])
-            rewards.append(got[2])
-        if not live:
+            wave.episodes.append(ep)
+            wave.packed.append(got[0])
+            wave.targets.append(got[1])
+            wave.rewards.append(got[2])
+        if wave.episodes:
+            self.stats["skipped_decisions"].append(0.0)
+        return wave
+
+    def wave(self, logits_fn: Callable) -> int:
+        """One wave of decisions answered by ``logits_fn``; returns how many rows it added to the queue."""
+        wave = self.observe_wave(self.args.max_batch)
+        if not wave.episodes:
             return 0
-        self.stats["skipped_decisions"].append(0.0)
         logits, ref_logits = [], []
-        for chunk in chunk_by_tokens(packed, args.max_batch_tokens):
-            sub = [packed[i] for i in chunk]
+        for chunk in chunk_by_tokens(wave.packed, self.args.max_batch_tokens):
+            sub = [wave.packed[i] for i in chunk]
             act, ref = logits_fn(sub)
             logits += act
             ref_logits += ref if ref is not None else [None] * len(sub)
-
         before = len(self.pool.queue)
+        rows = self.advance(wave, logits, ref_logits)
+        self.pool.queue.extend(row for row, ep in zip(rows, wave.episodes) if row is not None and ep.env.dense)
+        return len(self.pool.queue) - before
+
+    def advance(self, wave: Wave, logits: list[torch.Tensor], ref_logits: list) -> list[DecisionRow | None]:
+        """Sample actions for a wave from the policy's act logits, step the envs, and return one row per decision
+        (``None`` where the env failed and ``on_env_error="skip"`` reset it).
+
+        Dense rows come back with their k actions and group advantages. An outcome row holds its one action and is
+        also kept with its episode: when the episode ends, it goes to the pool's queue with the return's advantage.
+
+        Args:
+            wave (`Wave`): the decisions.
+            logits (`list[torch.Tensor]`): per decision, the policy's act logits `(n_legal,)` (no gradient needed).
+            ref_logits (`list[torch.Tensor | None]`): the reference policy's, or ``None`` entries when ``beta == 0``.
+        """
+        args = self.args
+        rows: list[DecisionRow | None] = []
         dense_groups = []
-        for i, ep in enumerate(live):
-            logp_all = torch.log_softmax(logits[i].float().cpu() / args.temperature, -1)  # (n_legal,)
+        for i, ep in enumerate(wave.episodes):
+            logp_all = torch.log_softmax(logits[i].detach().float().cpu() / args.temperature, -1)  # (n_legal,)
             probs = logp_all.exp()
             ref_logp = None
             if ref_logits[i] is not None:
-                ref_logp = torch.log_softmax(ref_logits[i].float().cpu() / args.temperature, -1)
-            entropy = float(-(probs * logp_all).sum())
-            self.stats[f"env/{ep.env_name}/entropy"].append(entropy)
+                ref_logp = torch.log_softmax(ref_logits[i].detach().float().cpu() / args.temperature, -1)
+            self.stats[f"env/{ep.env_name}/entropy"].append(float(-(probs * logp_all).sum()))
             idx = self.env_index[ep.env_name]
             if ep.env.dense:
-                k = args.num_generations
-                actions = torch.multinomial(probs, k, replacement=True, generator=self.generator)  # (k,)
-                r_all = torch.as_tensor(rewards[i], dtype=torch.float32)
+                actions = torch.multinomial(probs, args.num_generations, replacement=True, generator=self.generator)
+                r_all = torch.as_tensor(wave.rewards[i], dtype=torch.float32)
                 r = r_all[actions]  # (k,)
                 self.stats[f"env/{ep.env_name}/regret"].append(float(r_all.max() - (probs * r_all).sum()))
                 row = DecisionRow(
-                    idx, packed[i], targets[i], actions.tolist(), [], logp_all[actions].tolist(), ref_logp
+                    idx, wave.packed[i], wave.targets[i], actions.tolist(), [], logp_all[actions].tolist(), ref_logp
                 )
-                dense_groups.append((row, r))
                 advance = int(actions[r.argmax()]) if args.dense_advance == "best_of_k" else int(actions[0])
             else:
                 advance = int(torch.multinomial(probs, 1, generator=self.generator))
-                ep.pending.append(
-                    DecisionRow(idx, packed[i], targets[i], [advance], [], [float(logp_all[advance])], ref_logp)
+                row = DecisionRow(
+                    idx, wave.packed[i], wave.targets[i], [advance], [], [float(logp_all[advance])], ref_logp
                 )
             try:
                 reward, done = ep.env.step(advance)
@@ -211,10 +241,14 @@ class Rollout:
                 if not math.isfinite(reward):
                     raise ValueError(f"env {ep.env_name!r}: field 'reward': step() returned {reward}")
             except Exception as err:
-                if ep.env.dense:  # its row is already built: drop it with the episode
-                    dense_groups.pop()
-                self._env_failed(ep, "step", err)
+                self._env_failed(ep, "step", err)  # the row is dropped with the episode
+                rows.append(None)
                 continue
+            if ep.env.dense:
+                dense_groups.append((row, r))
+            else:
+                ep.pending.append(row)
+            rows.append(row)
             ep.ret += reward
             ep.n_decisions += 1
             if done:
@@ -225,8 +259,7 @@ class Rollout:
             batch_std = float(torch.cat([r for _, r in dense_groups]).std())
         for row, r in dense_groups:
             row.advantages = group_advantages(r, args.scale_rewards, batch_std).tolist()
-            self.pool.queue.append(row)
-        return len(self.pool.queue) - before
+        return rows
 
     def _finish(self, ep: Episode) -> None:
         pending, name = ep.pending, ep.env_name
@@ -254,32 +287,71 @@ class Rollout:
         return dict(out)
 
 
-def rows_to_inputs(rows: list[DecisionRow], k: int) -> dict:
+def rows_to_inputs(
+    rows: list[DecisionRow], k: int, policy_terms: list[bool] | None = None, other_terms: list[bool] | None = None
+) -> dict:
     """Stack rows into the dict TRL's buffering splits and shuffles (tensors first: TRL sizes batches by the first
-    value)."""
+    value).
+
+    Args:
+        rows (`list[DecisionRow]`): the rows.
+        k (`int`): the widest row (``num_generations``).
+        policy_terms (`list[bool]`, *optional*): per row, whether its actions enter the policy loss (default: all).
+        other_terms (`list[bool]`, *optional*): per row, whether its KL and report terms enter the loss (default:
+            all). When actions are sampled from the loss forward, an outcome decision is trained on its reports and
+            KL when it is made, and on its action when its episode ends and it is replayed.
+    """
     n = len(rows)
+    policy_terms = [True] * n if policy_terms is None else policy_terms
+    other_terms = [True] * n if other_terms is None else other_terms
     actions = torch.zeros(n, k, dtype=torch.long)
     mask = torch.zeros(n, k, dtype=torch.bool)
     adv = torch.zeros(n, k)
     old = torch.zeros(n, k)
     for i, row in enumerate(rows):
+        if not policy_terms[i]:
+            continue
         m = len(row.actions)
+        if not all(math.isfinite(a) for a in row.advantages):
+            raise ValueError("rollout: a non-finite advantage was produced (check the env's rewards)")
         actions[i, :m] = torch.tensor(row.actions)
         mask[i, :m] = True
         adv[i, :m] = torch.tensor(row.advantages, dtype=torch.float32)
         old[i, :m] = torch.tensor(row.old_logps, dtype=torch.float32)
-    if not all(math.isfinite(a) for row in rows for a in row.advantages):
-        raise ValueError("rollout: a non-finite advantage was produced (check the env's rewards)")
     return {
         "actions": actions,
         "sample_mask": mask,
         "advantages": adv,
         "old_logps": old,
+        "kl_weight": torch.tensor(other_terms, dtype=torch.float32),
         "env_index": torch.tensor([row.env_index for row in rows], dtype=torch.long),
         "packed": [row.packed for row in rows],
-        "targets": [row.targets for row in rows],
-        "ref_logps": [row.ref_logps for row in rows],
+        "targets": [row.targets if use else {} for row, use in zip(rows, other_terms)],
+        "ref_logps": [row.ref_logps if use else None for row, use in zip(rows, other_terms)],
     }
+
+
+def fused_inputs(replay: list[DecisionRow], wave: Wave, rows: list[DecisionRow | None], k: int, env_index) -> dict:
+    """Loss inputs of a forward whose fresh decisions were just sampled from it (``sample_in_loss_forward``).
+
+    Args:
+        replay (`list[DecisionRow]`): outcome decisions whose episodes ended: their actions enter the policy loss
+            (their KL and reports were trained when they were made).
+        wave (`Wave`): the fresh decisions, after ``replay`` in the forward.
+        rows (`list[DecisionRow | None]`): :meth:`Rollout.advance`'s rows for ``wave``: a dense row enters every
+            term; an outcome row its KL and reports (its action waits for the return); ``None`` (a skipped env
+            failure) nothing.
+        k (`int`): ``num_generations``.
+        env_index (`dict[str, int]`): env name -> index.
+    """
+    full, policy_terms, other_terms = list(replay), [True] * len(replay), [False] * len(replay)
+    for ep, packed, row in zip(wave.episodes, wave.packed, rows):
+        if row is None:
+            row = DecisionRow(env_index[ep.env_name], packed, {}, [], [], [], None)
+        full.append(row)
+        policy_terms.append(row.advantages != [] and ep.env.dense)
+        other_terms.append(bool(row.actions))
+    return rows_to_inputs(full, k, policy_terms, other_terms)
 
 
 def np_rng_for_rank(seed: int, rank: int) -> np.random.Generator:
@@ -291,8 +363,10 @@ __all__ = [
     "DecisionRow",
     "EpisodePool",
     "Rollout",
+    "Wave",
     "act_index",
     "chunk_by_tokens",
+    "fused_inputs",
     "group_advantages",
     "rows_to_inputs",
 ]

@@ -6,11 +6,15 @@ Design decisions:
    captures the input of that layer (a forward pre-hook, with its keyword arguments: mask, positions, rotary
    embeddings), and the reference runs only its own copy of the tail, its final norm and its choice head from there.
 2. ``heads`` mode shares the whole trunk: the capture point is the final norm's input.
-3. Sharing needs the reference to be a plain module (not sharded by DeepSpeed / FSDP) and the input-side extras to be
+3. The same capture serves the loss forward when actions are sampled from it (``sample_in_loss_forward``): the
+   policy's forward runs with autograd, the reference's tail without.
+4. Sharing needs the reference to be a plain module (not sharded by DeepSpeed / FSDP) and the input-side extras to be
    off (they train, so the trunk's input would differ). Otherwise the trainer runs the full reference forward.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
@@ -39,6 +43,43 @@ def first_shared_layer(model: AleaModel, train_mode: str, tail_k: int) -> int | 
     return n if train_mode == "heads" else max(n - tail_k, 0)
 
 
+@contextlib.contextmanager
+def captured_trunk(policy: AleaModel, first_layer: int):
+    """Record, during the policy forwards inside this block, the input of layer ``first_layer`` (the final norm's
+    when ``first_layer == n_layers``) with its keyword arguments. Yields the dict it fills (``args``, ``kwargs``)."""
+    _, layers = decoder_layers(policy.backbone)
+    target = layers[first_layer] if first_layer < len(layers) else final_norm(policy.backbone)
+    captured: dict = {}
+
+    def hook(module, args, kwargs):
+        captured.setdefault("args", args)  # the first call (gradient checkpointing re-runs the layer in backward)
+        captured.setdefault("kwargs", kwargs)
+
+    handle = target.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+@torch.no_grad()
+def reference_choice_logits(
+    reference: AleaModel, captured: dict, batch: PackedBatch, first_layer: int
+) -> torch.Tensor:
+    """The reference's ``choice_logits`` `(NQ, max_options)` from a captured trunk: its own layers from
+    ``first_layer`` on, its final norm and its choice head."""
+    hidden, rest, kwargs = captured["args"][0].detach(), captured["args"][1:], captured["kwargs"]
+    _, ref_layers = decoder_layers(reference.backbone)
+    for layer in ref_layers[first_layer:]:
+        out = layer(hidden, *rest, **kwargs)
+        hidden = out[0] if isinstance(out, tuple) else out
+    hidden = final_norm(reference.backbone)(hidden)  # (B, L, H)
+    o_hidden = hidden[batch.option_index[:, 0], batch.option_index[:, 1]]  # (NO, H)
+    ref_option_logits = reference.choice_head(o_hidden).squeeze(-1).float()  # (NO,)
+    n_q = batch.question_index.shape[0]
+    return group_option_logits(ref_option_logits, batch.option_question, n_q)
+
+
 @torch.no_grad()
 def policy_and_reference_act_logits(
     policy: AleaModel, reference: AleaModel, batch: PackedBatch, first_layer: int
@@ -49,28 +90,15 @@ def policy_and_reference_act_logits(
         `(AleaOutput, torch.Tensor)`: the policy's outputs and the reference's ``choice_logits`` of shape
         `(NQ, max_options)`, laid out as ``AleaOutput.choice_logits``.
     """
-    _, layers = decoder_layers(policy.backbone)
-    target = layers[first_layer] if first_layer < len(layers) else final_norm(policy.backbone)
-    captured = {}
-
-    def hook(module, args, kwargs):
-        captured["args"], captured["kwargs"] = args, kwargs
-
-    handle = target.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
+    with captured_trunk(policy, first_layer) as captured:
         output = policy(**batch.model_inputs())
-    finally:
-        handle.remove()
-    hidden, rest, kwargs = captured["args"][0], captured["args"][1:], captured["kwargs"]
-    _, ref_layers = decoder_layers(reference.backbone)
-    for layer in ref_layers[first_layer:]:
-        out = layer(hidden, *rest, **kwargs)
-        hidden = out[0] if isinstance(out, tuple) else out
-    hidden = final_norm(reference.backbone)(hidden)  # (B, L, H)
-    o_hidden = hidden[batch.option_index[:, 0], batch.option_index[:, 1]]  # (NO, H)
-    ref_option_logits = reference.choice_head(o_hidden).squeeze(-1).float()  # (NO,)
-    n_q = batch.question_index.shape[0]
-    return output, group_option_logits(ref_option_logits, batch.option_question, n_q)
+    return output, reference_choice_logits(reference, captured, batch, first_layer)
 
 
-__all__ = ["final_norm", "first_shared_layer", "policy_and_reference_act_logits"]
+__all__ = [
+    "captured_trunk",
+    "final_norm",
+    "first_shared_layer",
+    "policy_and_reference_act_logits",
+    "reference_choice_logits",
+]
