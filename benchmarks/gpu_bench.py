@@ -92,7 +92,8 @@ class StepTimer(TrainerCallback):
         self.rows.append(len(packed))
         self.tokens.append(batch.n_tokens)
         self.pairs.append(
-            int(allowed_attention(batch.question_seg, batch.option_seg, batch.doc_seg).sum()) - int((batch.question_seg < 0).sum())
+            int(allowed_attention(batch.question_seg, batch.option_seg, batch.doc_seg).sum())
+            - int((batch.question_seg < 0).sum())
         )
 
 

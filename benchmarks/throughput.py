@@ -3,13 +3,15 @@
 Variants, all in one process on copies of the same seeded random weights:
 
 (a) ``packed``: the real ``AleaEnvGRPOTrainer.train()`` on the five-env mix (hmm, kelly, newsvendor, bandit, nim),
-    ``per_device_train_batch_size = 16`` decisions per optimizer step, ``num_generations = k``, ``train_mode="full"``,
+    ``per_device_train_batch_size = 16`` decisions per optimizer step, ``num_generations = k``, ``--train_mode``
+    (see below),
     ``beta = 0.0`` by default (``--beta 0.05`` adds the reference forward; 0 matches (c), which has no reference
     either), no gradient checkpointing, fp32, the trainer's defaults otherwise (AdamW fused on CPU, grad-norm clip
-    1.0, ``eps_per_env = 16``, ``sample_in_loss_forward`` and ``pack_rows`` on). With ``num_iterations = 1`` a step
-    is one forward with autograd over its 16 decisions (outcome decisions whose episode ended, replayed, and fresh
-    ones, whose actions are sampled from that forward's detached act logits before their envs are stepped),
-    backward and optimizer step; several short decisions share a row of the forward.
+    1.0, ``eps_per_env = 16``, ``sample_in_loss_forward`` and ``pack_rows`` on) and ``max_batch_tokens = 1536``
+    (``--max_batch_tokens``). With ``num_iterations = 1`` a step answers its 16 decisions (outcome decisions whose
+    episode ended, replayed, and fresh ones, whose actions are sampled from the detached act logits of that same
+    forward before their envs are stepped) in forwards with autograd grouped by length within the token budget,
+    then one backward and the optimizer step.
 (b) ``unpacked``: the same ``AleaModel`` and decisions from the same episode pool, seed and ``Rollout`` code, but every
     question and every option is its own causal sequence ``state + question (+ option)``
     (``alea_trl.packing.unpacked_sequences``), right-padded, plain causal mask (a 2D padding mask; transformers adds
@@ -38,6 +40,11 @@ Variants, all in one process on copies of the same seeded random weights:
 Backbone: ``Qwen3Config`` hidden 256, 4 layers, intermediate 512, 4 heads, 2 KV heads, head_dim 64, vocabulary of
 Qwen3's tokenizer (151,646, ``alea_trl.testing.build_qwen_tokenizer()``) so token counts are realistic; sdpa
 attention; fp32 on CPU.
+
+What trains (``--train_mode``, the same in all three variants): by default the trainer's own default, ``tail``: with
+``tail_k = 8`` every decoder layer, the final norm and the heads, with the (tied) 151,646 x 256 embedding frozen.
+``full`` trains the embedding too; at this size the embedding is 94% of the parameters (26% in Qwen3-0.6B), so its
+dense gradient and AdamW update become a large fixed cost per step that is neither backbone compute nor ours.
 
 Method:
 - each variant trains in its own worker thread (one trainer or loop per variant and k for the whole benchmark); the
@@ -98,7 +105,7 @@ from alea_trl.envs import BUILTIN_ENVS, make_env
 from alea_trl.packing import unpacked_sequences
 from alea_trl.testing import build_qwen_tokenizer
 from alea_trl.trainer.loss import act_logits_of, policy_loss, report_losses
-from alea_trl.trainer.model_setup import param_groups
+from alea_trl.trainer.model_setup import apply_train_mode, param_groups
 from alea_trl.trainer.pool import EpisodePool
 from alea_trl.trainer.rollout import Rollout, Wave, act_index, fused_inputs, np_rng_for_rank
 
@@ -345,13 +352,22 @@ def prefill(rollout: Rollout, waves: int) -> None:
     rollout.pop_stats()
 
 
-def alea_args(out_dir: str, k: int, beta: float, seed: int, max_steps: int, decisions: int) -> AleaEnvGRPOConfig:
+def alea_args(
+    out_dir: str,
+    k: int,
+    beta: float,
+    seed: int,
+    max_steps: int,
+    decisions: int,
+    train_mode: str,
+    max_batch_tokens: int | None = None,
+) -> AleaEnvGRPOConfig:
     return AleaEnvGRPOConfig(
         output_dir=out_dir,
         envs=list(BUILTIN_ENVS),
         per_device_train_batch_size=decisions,
         num_generations=k,
-        train_mode="full",
+        train_mode=train_mode,
         beta=beta,
         gradient_checkpointing=False,
         use_cpu=True,
@@ -364,7 +380,8 @@ def alea_args(out_dir: str, k: int, beta: float, seed: int, max_steps: int, deci
         lr_head=LEARNING_RATE,
         lr_aux=LEARNING_RATE,
         lr_scheduler_type="constant",
-        max_len=2048,
+        max_len=1024,  # the longest decision of the five envs is ~340 tokens
+        max_batch_tokens=max_batch_tokens,
         max_steps=max_steps,
         seed=seed,
     )
@@ -373,7 +390,16 @@ def alea_args(out_dir: str, k: int, beta: float, seed: int, max_steps: int, deci
 def packed_body(models: Models, tokenizer, k: int, opts):
     def body(runner: Runner) -> None:
         with tempfile.TemporaryDirectory() as out_dir:
-            args = alea_args(out_dir, k, opts.beta, opts.seed, max_steps=MAX_STEPS, decisions=opts.decisions)
+            args = alea_args(
+                out_dir,
+                k,
+                opts.beta,
+                opts.seed,
+                MAX_STEPS,
+                decisions=opts.decisions,
+                train_mode=opts.train_mode,
+                max_batch_tokens=opts.max_batch_tokens or None,
+            )
             model = models.fresh_alea()
             trainer = AleaEnvGRPOTrainer(
                 model, args=args, processing_class=tokenizer, callbacks=[RunnerCallback(runner)]
@@ -406,9 +432,9 @@ def packed_body(models: Models, tokenizer, k: int, opts):
 class UnpackedLoop:
     """The same model, decisions and loss as (a), with every question and option as its own sequence."""
 
-    def __init__(self, model: AleaModel, tokenizer, k: int, opts, out_dir: str):
+    def __init__(self, model: AleaModel, tokenizer, k: int, opts, args: AleaEnvGRPOConfig):
         self.model, self.tokenizer, self.k = model, tokenizer, k
-        self.args = alea_args(out_dir, k, 0.0, opts.seed, max_steps=1, decisions=opts.decisions)
+        self.args = args
         self.decisions = opts.decisions
         self.chunk_tokens = opts.unpacked_chunk_tokens
         self.pad_id = tokenizer.pad_token_id
@@ -544,20 +570,25 @@ def _chunks(sizes: list[int], budget: int, by_sum: bool = False) -> list[list[in
 
 
 def unpacked_body(models: Models, tokenizer, k: int, opts):
+    # the loop's settings, built (and their device set up) now: TrainingArguments' device set-up resets accelerate's
+    # global state, which would pull it from under a trainer already running in another thread
+    args = alea_args(tempfile.gettempdir(), k, 0.0, opts.seed, 1, decisions=opts.decisions, train_mode=opts.train_mode)
+    assert args.device.type == "cpu"
+
     def body(runner: Runner) -> None:
-        with tempfile.TemporaryDirectory() as out_dir:
-            model = models.fresh_alea()
-            loop = UnpackedLoop(model, tokenizer, k, opts, out_dir)
-            loop.probe = runner.probe
-            runner.probe.attach_backbone(model.backbone)
-            prefill(loop.rollout, opts.prefill_waves)
-            while True:
-                tokens = loop.step()
-                if runner.measuring:
-                    runner.tokens += tokens
-                    runner.extra["loss_padding_fraction"].append(loop.padding_fraction)
-                if runner.step_end():
-                    break
+        model = models.fresh_alea()
+        apply_train_mode(model, args.train_mode, args.tail_k)  # what the trainer does in (a)
+        loop = UnpackedLoop(model, tokenizer, k, opts, args)
+        loop.probe = runner.probe
+        runner.probe.attach_backbone(model.backbone)
+        prefill(loop.rollout, opts.prefill_waves)
+        while True:
+            tokens = loop.step()
+            if runner.measuring:
+                runner.tokens += tokens
+                runner.extra["loss_padding_fraction"].append(loop.padding_fraction)
+            if runner.step_end():
+                break
 
     return body
 
@@ -645,6 +676,8 @@ def trl_body(models: Models, tokenizer, k: int, opts, dataset: Dataset, max_comp
                 seed=opts.seed,
             )
             model = models.fresh_lm()
+            if opts.train_mode == "tail":  # the same trainable set as (a) and (b): the (tied) embedding is frozen
+                model.model.embed_tokens.weight.requires_grad_(False)
             trainer = GRPOTrainer(
                 model=model,
                 reward_funcs=option_reward,
@@ -779,7 +812,20 @@ def main() -> None:
         "--prefill_waves", type=int, default=10, help="uniform-policy rollout waves that fill the episode pipeline"
     )
     parser.add_argument("--beta", type=float, default=0.0, help="beta of the packed trainer (0.0 or 0.05)")
+    parser.add_argument(
+        "--train_mode",
+        choices=("tail", "full"),
+        default="tail",
+        help="what trains, in all three variants: 'tail' (the trainer's default; with tail_k=8 every decoder layer, "
+        "the final norm and the heads; the tied embedding frozen) or 'full' (the embedding too)",
+    )
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + str(VARIANTS))
+    parser.add_argument(
+        "--max_batch_tokens",
+        type=int,
+        default=1536,
+        help="(a): the trainer's max_batch_tokens, padded tokens per length-grouped forward (0: one forward)",
+    )
     parser.add_argument("--unpacked_chunk_tokens", type=int, default=16384, help="padded tokens per (b) forward")
     parser.add_argument("--n_prompts", type=int, default=512, help="decisions in the (c) prompt dataset")
     parser.add_argument("--decisions", type=int, default=16, help="decisions (prompts for trl) per optimizer step")
@@ -817,7 +863,7 @@ def main() -> None:
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; backbone Qwen3 hidden 256 x 4 layers, vocab "
         f"{models.config.vocab_size}, fp32, sdpa; params {models.n_params()} (causal LM: lm_head tied); "
-        f"beta (a) {opts.beta}, (c) 0.0; ks {ks}; repeats {opts.repeats}; warm-up {opts.warmup} steps; "
+        f"beta (a) {opts.beta}, (c) 0.0; train_mode {opts.train_mode}; ks {ks}; repeats {opts.repeats}; warm-up {opts.warmup} steps; "
         f"blocks of >= {opts.measure_s} s and >= {opts.min_steps} (a) / {opts.min_steps_slow} (b, c) steps; "
         f"pipeline pre-fill {opts.prefill_waves} waves",
         flush=True,
@@ -874,6 +920,8 @@ def main() -> None:
         "medians_decisions_per_s": {v: s[v]["decisions_per_s"]["median"] for v in variants if v in s},
         "tokens_per_decision": {v: s[v]["tokens_per_decision"] for v in variants if v in s},
         "beta": opts.beta,
+        "train_mode": opts.train_mode,
+        "max_batch_tokens": opts.max_batch_tokens,
         "quick": opts.quick,
         "threads": torch.get_num_threads(),
         "wall_s": wall,

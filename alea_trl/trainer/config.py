@@ -61,7 +61,9 @@ class AleaEnvGRPOConfig(GRPOConfig):
         max_batch (`int`, *optional*, defaults to `24`):
             Most decisions packed into one separate rollout forward.
         max_batch_tokens (`int` or `None`, *optional*, defaults to `None`):
-            Token budget of one rollout forward (padded length x decisions); `None` for no budget.
+            Padded tokens (longest x rows) of one forward. A batch of decisions is sorted by length and split into
+            forwards within this budget, so decisions of very different lengths do not pad each other (the loss
+            outputs are merged back, so the loss is unchanged); `None`: one forward per batch.
         max_len (`int`, *optional*, defaults to `2048`):
             Most tokens of one packed decision. Longer decisions reset their episode and are counted in the
             `skipped_decisions` metric; nothing is truncated.
@@ -111,7 +113,8 @@ class AleaEnvGRPOConfig(GRPOConfig):
     eps_per_env: int = field(default=16, metadata={"help": "Live episodes per env on each process."})
     max_batch: int = field(default=24, metadata={"help": "Most decisions packed into one rollout forward."})
     max_batch_tokens: int | None = field(
-        default=None, metadata={"help": "Token budget of one rollout forward (padded length x decisions)."}
+        default=None,
+        metadata={"help": "Padded tokens of one forward; batches are split into length-grouped forwards within it."},
     )
     max_len: int = field(
         default=2048,

@@ -23,6 +23,7 @@ from ..envs import env_factories as make_env_factories
 from ..evaluation import evaluation_sums, format_table
 from ..packing import collate_segments
 from ..questions import QTYPES
+from .chunked_forward import chunked_forward
 from .config import AleaEnvGRPOConfig
 from .loss import act_logits_of, exact_kl, policy_loss, report_losses
 from .model_setup import apply_train_mode, grouped_optimizer, lora_config, resolve_model
@@ -293,8 +294,32 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         if "decision_slot" in inputs:
             return self._fused_loss(model, len(inputs["decision_slot"]))
-        batch = self._collate(inputs["packed"])
-        return self._loss_from_output(model(**batch.model_inputs()), batch, inputs)
+        output, _, batch = self._answer(model, inputs["packed"], with_reference=False)
+        return self._loss_from_output(output, batch, inputs)
+
+    def _answer(self, model, packed, with_reference: bool):
+        """The loss forward over ``packed`` (in length-grouped forwards under ``max_batch_tokens``), and with
+        ``with_reference`` the reference policy's choice logits without autograd: from the shared frozen trunk when
+        it can, else from the frozen copy or, under LoRA, the adapter-disabled model. Returns ``(output,
+        ref_choice_logits | None, batch)``."""
+        unwrapped = self.accelerator.unwrap_model(model)
+        layer = self._shared_trunk_layer
+
+        def forward(batch):
+            if with_reference and layer is not None:
+                with captured_trunk(unwrapped, layer) as captured:
+                    output = model(**batch.model_inputs())
+                return output, reference_choice_logits(self.ref_model, captured, batch, layer)
+            output = model(**batch.model_inputs())
+            if not with_reference:
+                return output, None
+            with torch.no_grad():
+                if self.ref_model is not None:
+                    return output, self.ref_model(**batch.model_inputs()).choice_logits
+                with unwrapped.disable_adapter():
+                    return output, unwrapped(**batch.model_inputs()).choice_logits
+
+        return chunked_forward(forward, self._collate, packed, self.args.max_batch_tokens)
 
     def _fused_loss(self, model, n_slots: int):
         """``num_iterations == 1``: one forward with autograd answers ``n_slots`` decisions (outcome decisions whose
@@ -310,21 +335,7 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
             raise RuntimeError(
                 "rollout: 1000 waves produced no decision; every decision is being skipped (see skipped_decisions)"
             )
-        batch = self._collate([row.packed for row in replay] + wave.packed)
-        ref_choice = None
-        if self.beta != 0.0 and self._shared_trunk_layer is not None:
-            with captured_trunk(self.accelerator.unwrap_model(model), self._shared_trunk_layer) as captured:
-                output = model(**batch.model_inputs())
-            ref_choice = reference_choice_logits(self.ref_model, captured, batch, self._shared_trunk_layer)
-        else:
-            output = model(**batch.model_inputs())
-            if self.beta != 0.0:
-                with torch.no_grad():
-                    if self.ref_model is not None:
-                        ref_choice = self.ref_model(**batch.model_inputs()).choice_logits
-                    else:
-                        with self.accelerator.unwrap_model(model).disable_adapter():
-                            ref_choice = model(**batch.model_inputs()).choice_logits
+        output, ref_choice, batch = self._answer(model, [row.packed for row in replay] + wave.packed, self.beta != 0.0)
         n_replay = len(replay)
         act = self._act_rows(output.choice_logits.detach(), batch)[n_replay:]
         ref = self._act_rows(ref_choice, batch)[n_replay:] if ref_choice is not None else [None] * len(act)

@@ -10,7 +10,8 @@ from alea_trl.testing import build_tiny_tokenizer, tiny_backbone_config
 
 
 def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
-    """``mode``: "plain" (3 steps), "save" (4 steps, a checkpoint every 2), "resume" (from checkpoint-2 to 4)."""
+    """``mode``: "plain" (3 steps), "chunked" (3 steps, several length-grouped forwards per micro-batch), "save" (4
+    steps, a checkpoint every 2), "resume" (from checkpoint-2 to 4)."""
     tokenizer = build_tiny_tokenizer()
     torch.manual_seed(0)
     model = AleaModel.from_backbone(
@@ -21,7 +22,7 @@ def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
         use_cpu=True,
         bf16=False,
         report_to="none",
-        save_strategy="no" if mode == "plain" else "steps",
+        save_strategy="no" if mode in ("plain", "chunked") else "steps",
         save_steps=2,
         disable_tqdm=True,
         envs=["kelly", "nim"],
@@ -29,7 +30,9 @@ def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
         max_batch=8,
         per_device_train_batch_size=4,
         num_generations=4,
-        max_steps=3 if mode == "plain" else 4,
+        max_steps=3 if mode in ("plain", "chunked") else 4,
+        max_len=1024,
+        max_batch_tokens=1024 if mode == "chunked" else None,
         logging_steps=1,
         learning_rate=1e-3,
         lr_head=1e-3,

@@ -36,9 +36,9 @@ def _launch(out, *script_args):
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-@pytest.mark.parametrize("train_mode", ["full", "lora"])
-def test_two_process_ddp_keeps_ranks_identical(tmp_path, train_mode):
-    _launch(tmp_path, train_mode)
+@pytest.mark.parametrize("train_mode,mode", [("full", "plain"), ("lora", "plain"), ("full", "chunked")])
+def test_two_process_ddp_keeps_ranks_identical(tmp_path, train_mode, mode):
+    _launch(tmp_path, train_mode, mode)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert ranks[0]["world"] == 2
     p0, p1 = ranks[0]["params"], ranks[1]["params"]
