@@ -11,9 +11,9 @@ Method:
 2. Each variant trains `full` (every parameter gets gradients) on the five-env mix for `--steps` optimizer steps of
    `--batch` decisions; the first `--warmup` steps are dropped; step times come from a callback with a CUDA sync.
 3. Decisions/s and tokens/s count real (non-padding) tokens of the decisions the loss consumed.
-4. MFU = achieved FLOP/s / peak: per step, 6 x N_params x tokens (forward + backward of the dense layers, rollout
-   forwards counted as 2 x N x tokens each) plus attention 4 x d_head x heads x layers x (attended query-key pairs)
-   x 3 (forward + backward) using the pairs the segment mask actually allows; peak defaults to 989 TFLOP/s (H100 /
+4. MFU = achieved FLOP/s / peak: per step, 6 x N_params x tokens (forward + backward of the dense layers; actions
+   are sampled from the loss forward, so there is no other forward) plus attention 4 x d_head x heads x layers x
+   (attended query-key pairs) x 3 (forward + backward) using the pairs the segment mask actually allows; peak defaults to 989 TFLOP/s (H100 /
    H200 dense bf16), set with --peak_tflops.
 Prints a table and, last, one JSON line.
 """
@@ -29,7 +29,7 @@ import torch
 from transformers import AutoTokenizer, Qwen3Config, TrainerCallback
 
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
-from alea_trl.packing import allowed_attention, collate_segments
+from alea_trl.packing import allowed_attention
 
 
 def qwen3_06b_config(vocab_size: int, tiny: bool) -> Qwen3Config:
@@ -75,6 +75,19 @@ class StepTimer(TrainerCallback):
     def __init__(self, trainer, device):
         self.trainer, self.device, self.times, self.tokens, self.pairs, self.rows = trainer, device, [], [], [], []
         self._t0 = None
+        self._step = {"rows": 0, "tokens": 0, "pairs": 0}
+        collate = trainer._collate
+
+        def counted_collate(packed):  # the loss forwards' decisions (with grad), as they are laid out
+            batch = collate(packed)
+            if torch.is_grad_enabled():
+                self._step["rows"] += len(packed)
+                self._step["tokens"] += batch.n_tokens
+                allowed = allowed_attention(batch.question_seg, batch.option_seg, batch.doc_seg)
+                self._step["pairs"] += int(allowed.sum()) - int((batch.question_seg < 0).sum())
+            return batch
+
+        trainer._collate = counted_collate
 
     def _sync(self):
         if self.device.type == "cuda":
@@ -82,19 +95,15 @@ class StepTimer(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kw):
         self._sync()
+        self._step = {"rows": 0, "tokens": 0, "pairs": 0}
         self._t0 = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kw):
         self._sync()
         self.times.append(time.perf_counter() - self._t0)
-        packed = [p for inputs in (self.trainer._buffered_inputs or []) for p in inputs["packed"]]
-        batch = collate_segments(packed, 0)
-        self.rows.append(len(packed))
-        self.tokens.append(batch.n_tokens)
-        self.pairs.append(
-            int(allowed_attention(batch.question_seg, batch.option_seg, batch.doc_seg).sum())
-            - int((batch.question_seg < 0).sum())
-        )
+        self.rows.append(self._step["rows"])
+        self.tokens.append(self._step["tokens"])
+        self.pairs.append(self._step["pairs"])
 
 
 def run_variant(attn: str, args, tokenizer, device) -> dict:
@@ -134,9 +143,9 @@ def run_variant(attn: str, args, tokenizer, device) -> dict:
     rows = statistics.median(timer.rows[keep])
     pairs = statistics.median(timer.pairs[keep])
     c = config
-    # loss forward + backward (6N per token) and the rollout forward (2N per token) over the same decisions
-    dense_flops = 8 * n_params * tokens
-    attn_flops = 4 * c.head_dim * c.num_attention_heads * c.num_hidden_layers * pairs * 4  # fwd+bwd and rollout fwd
+    # one forward + backward per decision (actions are sampled from the loss forward): 6N per token
+    dense_flops = 6 * n_params * tokens
+    attn_flops = 4 * c.head_dim * c.num_attention_heads * c.num_hidden_layers * pairs * 3  # forward + backward
     achieved = (dense_flops + attn_flops) / step_s
     return {
         "attn": attn,
