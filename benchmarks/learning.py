@@ -1,22 +1,28 @@
 """Learning curves from scratch: the normalised score of a tiny random-weight backbone trained with AleaEnvGRPOTrainer.
 
-What it measures: a 4-layer, 128-wide Qwen3-shaped backbone built from recipes/assets/tiny-qwen3 (random weights,
-local tokenizer) is trained on CPU with GRPO on all five built-in envs (hmm, kelly, newsvendor: dense rewards;
-bandit, nim: outcome rewards). Before training and every ``--eval_every`` optimizer steps the policy plays
-``--eval_episodes`` paired episodes per env with ``evaluate_policy`` (greedy act head: the reported figure), always on
-the same evaluation seed, so every point of a curve plays the same episodes as the random and oracle policies. The
-figure is the normalised score ``(policy - random) / (oracle - random)``: 0 is random play, 1 is oracle play.
+What it measures: a Qwen3-shaped backbone built from recipes/assets/tiny-qwen3 (4 layers x 128 by default, see
+``--layers`` / ``--hidden``; random weights, local tokenizer) with the zero-initialised input extras on (hashed bigram
+and trigram embeddings, segment-role embeddings: they let a tiny model see "pays 2", "Beta(4" or "2 heads" as one
+feature) is trained on CPU, all weights, with GRPO on all five built-in envs (hmm, kelly, newsvendor: dense rewards;
+bandit, nim: outcome rewards) plus the report losses: AdamW at ``--lr`` (backbone, heads and extras), ``--warmup``
+steps of warm-up then cosine decay to 0, ``--batch_size`` decisions per step. ``--mix`` sets the training share of an
+env (``kelly=2``, the default: kelly trains as two copies, a third of the decisions). Before training and every
+``--eval_every`` optimizer steps the policy plays ``--eval_episodes`` paired episodes per env with
+``evaluate_policy`` (greedy act head: the reported figure), always on the same evaluation seed, so every point of a
+curve plays the same episodes as the random and oracle policies. The figure is the normalised score ``(policy - random) / (oracle - random)``: 0 is random play, 1 is oracle play.
 
 Targets: every env's score ends above its init score, and the dense envs reach >= 0.5. The "final" score is the mean
 of the last two evaluations (it smooths the jitter of a greedy policy between checkpoints); "best" is the best single
 evaluation after init. The "const" column is the best state-blind policy ("always play option i") on the same
 episodes: a policy at that level has learnt which option is good on average, not to read the state.
 
-    python benchmarks/learning.py                  # the default run: ~10 minutes on a shared 2-core CPU
+    python benchmarks/learning.py                  # the default run: ~12 minutes on a shared 2-core CPU
     python benchmarks/learning.py --quick          # a ~1-minute smoke run
     python benchmarks/learning.py --seeds 0,1      # one training run per seed, curves averaged over the seeds
 
 Torch runs on one thread by default (``--threads``): on a shared CPU two threads spin-wait and ran ~4x slower.
+``--budget_s`` (default 840 s) ends a run at an evaluation when the next block of steps would pass it, so a slower
+machine still finishes the default command within 15 minutes (with a shorter curve).
 Prints a table (env x evaluation step) and, last, one JSON line with the figures; writes the curves to
 ``<out>/learning_curves.png`` and the JSON to ``<out>/learning.json``.
 """
@@ -35,6 +41,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, TrainerCallback
 
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
+from alea_trl.envs.registry import RegisteredEnvFactory
 from alea_trl.evaluation import evaluate_policy
 
 
@@ -48,9 +55,10 @@ EVAL_SEED = 12345  # the evaluation episodes: distinct from the training pool's 
 class CurveCallback(TrainerCallback):
     """Evaluates the policy every ``every`` optimizer steps (and at init) and records the normalised scores."""
 
-    def __init__(self, trainer_ref: dict, tokenizer, every: int, episodes: int, max_len: int, batch_size: int):
+    def __init__(self, trainer_ref: dict, tokenizer, every: int, episodes: int, max_len: int, batch_size: int, budget):
         self.trainer_ref, self.tokenizer = trainer_ref, tokenizer
         self.every, self.episodes, self.max_len, self.batch_size = every, episodes, max_len, batch_size
+        self.budget, self.t0 = budget, time.perf_counter()
         self.points: list[tuple[int, dict[str, float], float]] = []  # (step, {env: score}, seconds)
 
     def evaluate(self, step: int) -> None:
@@ -77,12 +85,18 @@ class CurveCallback(TrainerCallback):
         print(f"  step {step:>4}  {shown}  ({self.points[-1][2]:.0f}s)", flush=True)
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.t0 = time.perf_counter()
         self.evaluate(0)
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
         if step % self.every == 0 or step == state.max_steps:
             self.evaluate(step)
+            elapsed = time.perf_counter() - self.t0  # stop here if the next block (steps + evaluation) would overrun
+            next_block = elapsed / (len(self.points) - 1)
+            if self.budget and step < state.max_steps and elapsed + next_block > self.budget:
+                print(f"  time budget: {elapsed:.0f}s spent, the next block would pass {self.budget:.0f}s; stopping")
+                control.should_training_stop = True
 
 
 def best_constant(episodes: int, baselines: dict[str, tuple[float, float]]) -> dict[str, float]:
@@ -109,17 +123,33 @@ def train_one(args, seed: int) -> tuple[list, dict]:
     returns of the evaluation episodes."""
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(ASSET)
-    model = AleaModel.from_backbone(AutoConfig.from_pretrained(ASSET), backbone_kwargs={"dtype": torch.float32})
+    shape = {"num_hidden_layers": args.layers, "hidden_size": args.hidden, "intermediate_size": 2 * args.hidden}
+    shape["layer_types"] = ["full_attention"] * args.layers
+    shape["num_attention_heads"] = max(1, args.hidden // 32)
+    shape["num_key_value_heads"] = max(1, args.hidden // 64)
+    backbone = AutoConfig.from_pretrained(ASSET, **shape)
+    model = AleaModel.from_backbone(
+        backbone,
+        backbone_kwargs={"dtype": torch.float32},
+        use_ngram=args.ngram,
+        use_ngram2=args.ngram2,
+        use_aux_embed=args.aux_embed,
+    )
+    weights = {env: 1 for env in ENVS} | {k: int(v) for k, v in (kv.split("=") for kv in args.mix.split(",") if kv)}
+    # an env of weight w trains as w copies (fair round-robin over names: w shares of each wave and batch)
+    copies = {f"{env}_{i}" if i else env: RegisteredEnvFactory(env) for env, w in weights.items() for i in range(w)}
     config = AleaEnvGRPOConfig(
         output_dir=os.path.join(args.out, f"seed{seed}"),
-        envs=ENVS,
+        envs=list(copies),
         train_mode="full",
         max_steps=args.steps,
         learning_rate=args.lr,
         lr_head=args.lr_head,
-        lr_aux=args.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
+        lr_aux=args.lr_aux or args.lr,
+        lr_scheduler_type=args.schedule,
+        warmup_steps=args.warmup,
+        dense_advance=args.dense_advance,
+        num_iterations=args.num_iterations,
         beta=args.beta,
         temperature=args.temperature,
         num_generations=args.num_generations,
@@ -127,6 +157,7 @@ def train_one(args, seed: int) -> tuple[list, dict]:
         max_batch=args.max_batch,
         per_device_train_batch_size=args.batch_size,
         max_len=1024,
+        max_batch_tokens=args.max_batch_tokens or None,  # length-grouped forwards: the same loss, less padding
         report_w=args.report_w,
         use_cpu=True,
         bf16=False,
@@ -138,8 +169,12 @@ def train_one(args, seed: int) -> tuple[list, dict]:
         seed=seed,
     )
     ref: dict = {}
-    callback = CurveCallback(ref, tokenizer, args.eval_every, args.eval_episodes, config.max_len, config.max_batch)
-    trainer = AleaEnvGRPOTrainer(model, args=config, processing_class=tokenizer, callbacks=[callback])
+    callback = CurveCallback(
+        ref, tokenizer, args.eval_every, args.eval_episodes, config.max_len, config.max_batch, args.budget_s
+    )
+    trainer = AleaEnvGRPOTrainer(
+        model, args=config, processing_class=tokenizer, env_factories=copies, callbacks=[callback]
+    )
     ref["trainer"] = trainer
     trainer.train()
     return callback.points, callback.baselines
@@ -224,18 +259,21 @@ def plot(summary: dict, runs: list, path: str, title: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=160, help="optimizer steps per run")
-    parser.add_argument("--eval_every", type=int, default=40, help="evaluate every this many optimizer steps")
+    parser.add_argument("--steps", type=int, default=520, help="optimizer steps per run")
+    parser.add_argument("--eval_every", type=int, default=130, help="evaluate every this many optimizer steps")
     parser.add_argument("--eval_episodes", type=int, default=60, help="evaluation episodes per env")
     parser.add_argument("--seeds", default="0", help="comma-separated training seeds (one run each)")
     parser.add_argument("--out", default="runs/bench_learning")
+    parser.add_argument(
+        "--budget_s", type=float, default=840, help="per run: stop at an evaluation if the next would pass it (0: off)"
+    )
     parser.add_argument("--quick", action="store_true", help="~1-minute smoke run (few steps, few episodes)")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1: on a shared CPU, more threads spin and stall)"
     )
     hp = parser.add_argument_group("hyper-parameters")
-    hp.add_argument("--lr", type=float, default=1e-3, help="backbone (and extras) learning rate")
-    hp.add_argument("--lr_head", type=float, default=1e-3)
+    hp.add_argument("--lr", type=float, default=3e-3, help="backbone (and extras) learning rate")
+    hp.add_argument("--lr_head", type=float, default=3e-3)
     hp.add_argument("--beta", type=float, default=0.0)
     hp.add_argument("--temperature", type=float, default=1.0)
     hp.add_argument("--num_generations", type=int, default=8)
@@ -243,10 +281,22 @@ def main() -> None:
     hp.add_argument("--max_batch", type=int, default=40)
     hp.add_argument("--batch_size", type=int, default=20, help="per_device_train_batch_size (decisions per step)")
     hp.add_argument("--report_w", type=float, default=1.0)
+    hp.add_argument("--max_batch_tokens", type=int, default=2048, help="padded tokens per forward (0: one forward)")
+    hp.add_argument("--mix", default="kelly=2", help="training copies per env, e.g. hmm=3,bandit=0 (evaluation: all)")
+    hp.add_argument("--layers", type=int, default=4, help="backbone decoder layers")
+    hp.add_argument("--hidden", type=int, default=128, help="backbone width (MLP 2x, 32-wide heads)")
+    hp.add_argument("--ngram", type=int, default=1, help="hashed bigram embedding (use_ngram)")
+    hp.add_argument("--ngram2", type=int, default=1, help="hashed trigram embedding (use_ngram2)")
+    hp.add_argument("--aux_embed", type=int, default=1, help="segment-role embedding (use_aux_embed)")
+    hp.add_argument("--lr_aux", type=float, default=0.0, help="extras learning rate (0: --lr)")
+    hp.add_argument("--schedule", default="cosine", help="lr_scheduler_type (after --warmup steps)")
+    hp.add_argument("--warmup", type=int, default=24)
+    hp.add_argument("--dense_advance", default="best_of_k", help="best_of_k or sample")
+    hp.add_argument("--num_iterations", type=int, default=1, help="optimizer steps per rollout batch")
     parser.add_argument("--logging_steps", type=int, default=0, help="trainer log every N steps (0: at the end)")
     args = parser.parse_args()
     if args.quick:
-        args.steps, args.eval_every, args.eval_episodes = 20, 10, 20
+        args.steps, args.eval_every, args.eval_episodes, args.warmup = 20, 10, 20, 2
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
@@ -258,12 +308,13 @@ def main() -> None:
         points, baselines = train_one(args, seed)
         runs.append(points)
     wall = time.perf_counter() - t0
+    runs = [run[: min(len(r) for r in runs)] for run in runs]  # a run stopped by the time budget is shorter
     summary = summarise(runs)
     summary["best_constant"] = best_constant(args.eval_episodes, baselines)
     print_table(summary)
 
     title = (
-        f"tiny Qwen3 (4x128, random init), GRPO on CPU: {args.steps} steps, lr {args.lr:g}, "
+        f"tiny Qwen3 ({args.layers}x{args.hidden}, random init), GRPO on CPU: {args.steps} steps, lr {args.lr:g}, "
         f"{args.batch_size} decisions/step\ngreedy eval on {args.eval_episodes} paired episodes per env, "
         f"seeds {','.join(map(str, seeds))}"
     )

@@ -26,14 +26,14 @@ EXTRAS = ("aux_embed", "ngram", "ngram2")
 def resolve_model(model, args) -> AleaModel:
     """An ``AleaModel`` from the trainer's ``model`` argument (see the module docstring)."""
     if isinstance(model, AleaModel):
-        return model
+        return _check_extras(model, args)
     if not isinstance(model, str):
         raise ValueError(
             f"AleaEnvGRPOTrainer: field 'model': expected a model id or path, or an AleaModel, got {type(model)}"
         )
     init_kwargs = dict(args.model_init_kwargs or {})
     if AutoConfig.from_pretrained(model, **_hub_kwargs(init_kwargs)).model_type == "alea":
-        return AleaModel.from_pretrained(model, **init_kwargs)
+        return _check_extras(AleaModel.from_pretrained(model, **init_kwargs), args)
     return AleaModel.from_backbone(
         model,
         backbone_kwargs=init_kwargs,
@@ -41,6 +41,19 @@ def resolve_model(model, args) -> AleaModel:
         use_ngram=args.use_ngram,
         use_ngram2=args.use_ngram2,
     )
+
+
+def _check_extras(model: AleaModel, args) -> AleaModel:
+    """An existing Alea model keeps its own extras: a ``use_*`` switch asking for one it lacks is an error, not a
+    silent no-op."""
+    for field_name, module in (("use_aux_embed", "aux_embed"), ("use_ngram", "ngram"), ("use_ngram2", "ngram2")):
+        if getattr(args, field_name) and getattr(model, module, None) is None:
+            raise ValueError(
+                f"AleaEnvGRPOTrainer: field '{field_name}': the given Alea model has no {module} table and the switch "
+                "only shapes new models built from a backbone; build the model with "
+                f"AleaModel.from_backbone(..., {field_name}=True) or set {field_name}=False"
+            )
+    return model
 
 
 def _hub_kwargs(init_kwargs: dict) -> dict:

@@ -150,3 +150,13 @@ def test_config_is_a_grpo_config():
         output_dir="x", max_steps=1, use_cpu=True, per_device_train_batch_size=3, num_generations=8, envs="hmm,nim"
     )
     assert isinstance(args, trl.GRPOConfig) and args.num_generations == 8 and args.envs == ["hmm", "nim"]
+
+
+def test_extras_switch_on_a_built_model_without_them_is_an_error(tiny_model, tokenizer, make_args):
+    with pytest.raises(ValueError, match="use_ngram"):
+        AleaEnvGRPOTrainer(tiny_model(), args=make_args(envs=["kelly"], use_ngram=True), processing_class=tokenizer)
+    with_extras = tiny_model(use_ngram=True)  # a model that has the table is accepted as is
+    trainer = AleaEnvGRPOTrainer(
+        with_extras, args=make_args(envs=["kelly"], use_ngram=True), processing_class=tokenizer
+    )
+    assert trainer.accelerator.unwrap_model(trainer.model).ngram is not None
