@@ -74,9 +74,10 @@ class PackedRequest:
         return len(self.input_ids)
 
 
-def _encode(tokenizer, text: str) -> list[int]:
-    # split_special_tokens: env text that spells "<|endoftext|>" is text, never the EOS / pad id
-    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+def _encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of every segment in one tokenizer call (the segments are encoded independently, exactly as one
+    call each would). ``split_special_tokens``: env text that spells ``<|endoftext|>`` is text, never the EOS id."""
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]]
 
 
 def pack_request(
@@ -106,18 +107,23 @@ def pack_request(
             question or option encodes to no tokens.
     """
     where = f"env {env!r}: " if env is not None else ""
-    state_ids = _encode(tokenizer, state)
+    texts = [state]
+    for q in questions:
+        texts.append(QUESTION_TEMPLATE.format(text=q.text))
+        texts += [OPTION_TEMPLATE.format(option=opt) for opt in q.options or ()]
+    encoded = iter(_encode_many(tokenizer, texts))
+    state_ids = next(encoded)
     if not state_ids:
         raise ValueError(f"{where}field 'state': encodes to no tokens")
     q_ids, o_ids = [], []
     for q in questions:
-        ids = _encode(tokenizer, QUESTION_TEMPLATE.format(text=q.text))
+        ids = next(encoded)
         if not ids:
             raise ValueError(f"{where}question {q.qid!r}, field 'text': encodes to no tokens")
         q_ids.append(ids)
         opts = []
         for opt in q.options or ():
-            ids = _encode(tokenizer, OPTION_TEMPLATE.format(option=opt))
+            ids = next(encoded)
             if not ids:
                 raise ValueError(f"{where}question {q.qid!r}, field 'options': option {opt!r} encodes to no tokens")
             opts.append(ids)
