@@ -47,10 +47,10 @@ What trains (``--train_mode``, the same in all three variants): by default the t
 dense gradient and AdamW update become a large fixed cost per step that is neither backbone compute nor ours.
 
 Method:
-- each variant trains in its own worker thread (one trainer or loop per variant and k for the whole benchmark); the
-  main thread lets one variant run at a time, interleaved a, b, c, a, b, c, ... for ``--repeats`` measured blocks,
-  so slow drifts of the machine hit every variant alike. A worker is paused inside its ``on_step_end`` callback
-  while the others run, and its block's clock starts when it resumes. The first ``--warmup`` steps of each variant
+- each variant trains in its own greenlet (one trainer or loop per variant and k for the whole benchmark; all in
+  the main OS thread, see ``Runner``); the main greenlet lets one variant run at a time, interleaved a, b, c, a, b,
+  c, ... for ``--repeats`` measured blocks, so slow drifts of the machine hit every variant alike. A variant is
+  paused inside its ``on_step_end`` callback while the others run, and its block's clock starts when it resumes. The first ``--warmup`` steps of each variant
   (construction, lazy optimizer state, first-call overheads) are dropped. A block lasts at least ``--measure_s``
   seconds and ``--min_steps`` steps ((a)) or ``--min_steps_slow`` steps ((b), (c)).
 - before training, the episode pipelines of (a) and (b) get ``--prefill_waves`` rollout waves with a uniform policy
@@ -75,8 +75,9 @@ Method:
 - speedups are ratios of the per-variant medians; the min-max of the per-block ratios (paired by repeat) is shown
   next to them.
 
-Run ``python benchmarks/throughput.py --quick`` (a few minutes on 2 CPU cores), ``--k 16``, or ``--both_k`` for
-k = 8 and 16. The last line of output is one JSON object.
+Needs the ``bench`` extra (``pip install -e ".[bench]"``: Qwen's tokenizer files and ``greenlet``). Run
+``python benchmarks/throughput.py --quick`` (a few minutes on 2 CPU cores), ``--k 16``, or ``--both_k`` for k = 8 and
+16. The last line of output is one JSON object.
 """
 
 from __future__ import annotations
@@ -89,12 +90,12 @@ import logging
 import math
 import statistics
 import tempfile
-import threading
 import time
 import warnings
 from collections import defaultdict
 from types import SimpleNamespace
 
+import greenlet
 import numpy as np
 import torch
 from datasets import Dataset
@@ -171,13 +172,17 @@ class Probe:
 
 
 class Runner:
-    """One variant's training, run in a worker thread and paused between measured blocks.
+    """One variant's training, run in its own greenlet and paused between measured blocks.
 
     ``body(runner)`` builds the model (and trainer) and trains, calling ``runner.step_end()`` after every optimizer
     step and returning once it answers True. The first ``warmup`` steps are dropped; then each call of
-    ``run_block()`` (from the main thread) lets training continue until ``min_steps`` steps and ``measure_s`` seconds
-    were measured, and returns that block's measurements. The worker is paused (blocked in ``step_end``) while other
-    variants run, so each block's window starts when it is resumed.
+    ``run_block()`` (from the main greenlet) lets training continue until ``min_steps`` steps and ``measure_s``
+    seconds were measured, and returns that block's measurements. A variant is paused (suspended in ``step_end``)
+    while the others run, so each block's window starts when it is resumed.
+
+    Greenlets, not threads: every variant runs in the main OS thread. On this machine a second live thread that owns
+    an OpenMP team (a paused variant) makes torch's intra-op parallelism in the running thread 1.5-2.5x slower, which
+    biased earlier, thread-based versions of this benchmark against whichever variant ran small ops.
     """
 
     def __init__(self, name: str, body, blocks: int, warmup: int, measure_s: float, min_steps: int, decisions: int):
@@ -189,26 +194,21 @@ class Runner:
         self.extra: dict[str, list[float]] = defaultdict(list)
         self.results: list[dict] = []
         self._steps = 0
-        self._go, self._done = threading.Semaphore(0), threading.Semaphore(0)
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
+        self._greenlet = greenlet.greenlet(self._main)
 
     def _main(self) -> None:
-        self._go.acquire()
         try:
             self.body(self)
-        except BaseException as err:  # handed to the main thread
+        except BaseException as err:  # handed to the main greenlet
             self._error = err
         finally:
             self.blocks_left = 0
-            self._done.release()
 
     def run_block(self) -> dict:
-        """Resume training for one measured block (main thread); returns the block's result."""
+        """Resume training for one measured block (main greenlet); returns the block's result."""
         n = len(self.results)
-        self._go.release()
-        self._done.acquire()
+        self._greenlet.switch()
         if self._error is not None:
             raise RuntimeError(f"variant {self.name!r} failed") from self._error
         if len(self.results) == n:
@@ -216,7 +216,8 @@ class Runner:
         return self.results[-1]
 
     def join(self) -> None:
-        self._thread.join()
+        while not self._greenlet.dead:  # let a finished variant's train() return
+            self._greenlet.switch()
 
     def _start_block(self) -> None:
         self.probe.reset()
@@ -241,8 +242,8 @@ class Runner:
         self.blocks_left -= 1
         if self.blocks_left <= 0:
             return True
-        self._done.release()
-        self._go.acquire()
+        assert torch.is_grad_enabled()  # grad mode is per OS thread: the switch must not leak a no_grad block
+        self._greenlet.parent.switch()
         self._start_block()
         return False
 
@@ -571,7 +572,7 @@ def _chunks(sizes: list[int], budget: int, by_sum: bool = False) -> list[list[in
 
 def unpacked_body(models: Models, tokenizer, k: int, opts):
     # the loop's settings, built (and their device set up) now: TrainingArguments' device set-up resets accelerate's
-    # global state, which would pull it from under a trainer already running in another thread
+    # global state, which would pull it from under a trainer already running in another greenlet
     args = alea_args(tempfile.gettempdir(), k, 0.0, opts.seed, 1, decisions=opts.decisions, train_mode=opts.train_mode)
     assert args.device.type == "cpu"
 
@@ -859,10 +860,11 @@ def main() -> None:
     t0 = time.perf_counter()
     tokenizer = build_qwen_tokenizer()
     models = Models(tokenizer, opts.seed)
+    n_params = models.n_params()
     dataset, max_completion_length = collect_prompts(tokenizer, opts.n_prompts, opts.seed)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; backbone Qwen3 hidden 256 x 4 layers, vocab "
-        f"{models.config.vocab_size}, fp32, sdpa; params {models.n_params()} (causal LM: lm_head tied); "
+        f"{models.config.vocab_size}, fp32, sdpa; params {n_params} (causal LM: lm_head tied); "
         f"beta (a) {opts.beta}, (c) 0.0; train_mode {opts.train_mode}; ks {ks}; repeats {opts.repeats}; warm-up {opts.warmup} steps; "
         f"blocks of >= {opts.measure_s} s and >= {opts.min_steps} (a) / {opts.min_steps_slow} (b, c) steps; "
         f"pipeline pre-fill {opts.prefill_waves} waves",
