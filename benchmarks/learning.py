@@ -16,7 +16,7 @@ of the last two evaluations (it smooths the jitter of a greedy policy between ch
 evaluation after init. The "const" column is the best state-blind policy ("always play option i") on the same
 episodes: a policy at that level has learnt which option is good on average, not to read the state.
 
-    python benchmarks/learning.py                  # the default run: ~12 minutes on a shared 2-core CPU
+    python benchmarks/learning.py                  # the default run: ~13 minutes on a 2-core CPU
     python benchmarks/learning.py --quick          # a ~1-minute smoke run
     python benchmarks/learning.py --seeds 0,1      # one training run per seed, curves averaged over the seeds
 
@@ -259,8 +259,8 @@ def plot(summary: dict, runs: list, path: str, title: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=520, help="optimizer steps per run")
-    parser.add_argument("--eval_every", type=int, default=130, help="evaluate every this many optimizer steps")
+    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps per run")
+    parser.add_argument("--eval_every", type=int, default=250, help="evaluate every this many optimizer steps")
     parser.add_argument("--eval_episodes", type=int, default=60, help="evaluation episodes per env")
     parser.add_argument("--seeds", default="0", help="comma-separated training seeds (one run each)")
     parser.add_argument("--out", default="runs/bench_learning")
