@@ -108,11 +108,22 @@ from alea_trl.testing import build_qwen_tokenizer
 from alea_trl.trainer.loss import act_logits_of, policy_loss, report_losses
 from alea_trl.trainer.model_setup import apply_train_mode, param_groups
 from alea_trl.trainer.pool import EpisodePool
-from alea_trl.trainer.rollout import Rollout, Wave, act_index, fused_inputs, np_rng_for_rank
+from alea_trl.trainer.rollout import Rollout, act_index, fused_inputs, np_rng_for_rank
 
 
 VARIANTS = ("packed", "unpacked", "trl")
 LEARNING_RATE = 1e-5
+CPU_RUN = dict(  # what (a), (b) and (c) share: fp32 on the CPU, no checkpointing, saving or progress bars
+    gradient_checkpointing=False,
+    use_cpu=True,
+    bf16=False,
+    report_to="none",
+    save_strategy="no",
+    logging_steps=10,
+    disable_tqdm=True,
+    learning_rate=LEARNING_RATE,
+    lr_scheduler_type="constant",
+)
 MAX_STEPS = 20_000  # runs are stopped by their Runner
 
 
@@ -370,17 +381,9 @@ def alea_args(
         num_generations=k,
         train_mode=train_mode,
         beta=beta,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=10,
-        disable_tqdm=True,
-        learning_rate=LEARNING_RATE,
+        **CPU_RUN,
         lr_head=LEARNING_RATE,
         lr_aux=LEARNING_RATE,
-        lr_scheduler_type="constant",
         max_len=1024,  # the longest decision of the five envs is ~340 tokens
         max_batch_tokens=max_batch_tokens,
         max_steps=max_steps,
@@ -526,7 +529,7 @@ class UnpackedLoop:
             act, _ = act_logits_of(out, batch)
             # sample the chunk's fresh decisions from its own forward and step their envs
             fresh = [j for j, d in enumerate(idx) if d >= n_replay]
-            sub = Wave(*([getattr(wave, f)[idx[j] - n_replay] for j in fresh] for f in Wave.__dataclass_fields__))
+            sub = wave.subset([idx[j] - n_replay for j in fresh])
             legal = [act[j][torch.isfinite(act[j])] for j in fresh]
             rows = rollout.advance(sub, legal, [None] * len(fresh))
             chunk_replay = [replay[d] for d in idx if d < n_replay]
@@ -664,15 +667,7 @@ def trl_body(models: Models, tokenizer, k: int, opts, dataset: Dataset, max_comp
                 max_completion_length=max_completion_length,
                 beta=0.0,
                 temperature=1.0,
-                gradient_checkpointing=False,
-                use_cpu=True,
-                bf16=False,
-                report_to="none",
-                save_strategy="no",
-                logging_steps=10,
-                disable_tqdm=True,
-                learning_rate=LEARNING_RATE,
-                lr_scheduler_type="constant",
+                **CPU_RUN,
                 max_steps=MAX_STEPS,
                 seed=opts.seed,
             )

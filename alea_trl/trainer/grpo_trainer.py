@@ -30,7 +30,6 @@ from .rollout import Rollout, fused_inputs, np_rng_for_rank, rows_to_inputs
 from .shared_trunk import (
     captured_trunk,
     first_shared_layer,
-    policy_and_reference_act_logits,
     reference_choice_logits,
 )
 
@@ -189,23 +188,12 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------ generation
     def _rollout_logits(self, policy, packed) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Act logits of the policy and (``beta != 0``) of the reference, per decision, for a rollout wave: the
-        reference shares the policy's frozen trunk when it can (see ``shared_trunk``), else runs its own forward
-        (a frozen copy, or the adapter-disabled model under LoRA)."""
-        batch = self._collate(packed)
+        """Act logits of the policy and (``beta != 0``) of the reference, per decision, for a no-grad rollout wave:
+        the loss's own forwards (``_answer``) without autograd."""
         with torch.no_grad(), self.compute_loss_context_manager():
-            if self.beta != 0.0 and self._shared_trunk_layer is not None:
-                output, ref_choice = policy_and_reference_act_logits(
-                    policy, self.ref_model, batch, self._shared_trunk_layer
-                )
-                return self._act_rows(output.choice_logits, batch), self._act_rows(ref_choice, batch)
-            act = self._act_rows(policy(**batch.model_inputs()).choice_logits, batch)
-            if self.beta == 0.0:
-                return act, None
-            if self.ref_model is not None:
-                return act, self._act_rows(self.ref_model(**batch.model_inputs()).choice_logits, batch)
-            with policy.disable_adapter():
-                return act, self._act_rows(policy(**batch.model_inputs()).choice_logits, batch)
+            output, ref_choice, batch = self._answer(policy, packed, with_reference=self.beta != 0.0)
+        ref = self._act_rows(ref_choice, batch) if ref_choice is not None else None
+        return self._act_rows(output.choice_logits, batch), ref
 
     @staticmethod
     def _act_rows(choice_logits: torch.Tensor, batch) -> list[torch.Tensor]:

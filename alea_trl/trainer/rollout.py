@@ -5,7 +5,7 @@ Design decisions:
    their actions from the act head's logits at ``temperature`` with the rollout's own ``torch.Generator``
    (checkpointed with the pool) and steps the envs. The logits come either from the loss forward itself (the
    trainer's ``sample_in_loss_forward``, see ``fused_inputs``) or from a separate no-grad forward (``wave``: up to
-   ``max_batch`` decisions, in forwards capped by ``max_batch_tokens``).
+   ``max_batch`` decisions).
 2. Dense decisions: k actions from one set of act logits; their exact expected rewards ``action_rewards()[a]`` give
    the group advantage ``(r - mean) / (std + 1e-4)`` (``scale_rewards``: "group", "batch" or "none"). The episode
    advances by the best of the k (the seed's) or by the first sample.
@@ -52,23 +52,6 @@ def act_index(packed: PackedRequest) -> int:
     return next(i for i, q in enumerate(packed.questions) if q.qid == ACT_QID)
 
 
-def chunk_by_tokens(packed: list[PackedRequest], max_batch_tokens: int | None) -> list[list[int]]:
-    """Split indices into consecutive chunks whose padded size (longest x count) stays within the budget."""
-    if max_batch_tokens is None:
-        return [list(range(len(packed)))]
-    chunks, current, longest = [], [], 0
-    for i, p in enumerate(packed):
-        new_longest = max(longest, len(p))
-        if current and new_longest * (len(current) + 1) > max_batch_tokens:
-            chunks.append(current)
-            current, new_longest = [], len(p)
-        current.append(i)
-        longest = new_longest
-    if current:
-        chunks.append(current)
-    return chunks
-
-
 def group_advantages(rewards: torch.Tensor, scale_rewards: str, batch_std: float | None = None) -> torch.Tensor:
     """GRPO advantages of the k rewards of one decision: centred on their mean, scaled as ``scale_rewards`` says."""
     if bool((rewards == rewards[0]).all()):  # no signal; exactly zero (rounding in the mean would be amplified)
@@ -89,6 +72,10 @@ class Wave:
     packed: list[PackedRequest]
     targets: list[dict]
     rewards: list[list[float] | None]
+
+    def subset(self, indices: list[int]) -> Wave:
+        """The decisions at ``indices``, in that order."""
+        return Wave(*([getattr(self, f)[i] for i in indices] for f in ("episodes", "packed", "targets", "rewards")))
 
 
 class Rollout:
@@ -187,12 +174,9 @@ class Rollout:
         wave = self.observe_wave(self.args.max_batch)
         if not wave.episodes:
             return 0
-        logits, ref_logits = [], []
-        for chunk in chunk_by_tokens(wave.packed, self.args.max_batch_tokens):
-            sub = [wave.packed[i] for i in chunk]
-            act, ref = logits_fn(sub)
-            logits += act
-            ref_logits += ref if ref is not None else [None] * len(sub)
+        logits, ref_logits = logits_fn(wave.packed)
+        if ref_logits is None:
+            ref_logits = [None] * len(logits)
         before = len(self.pool.queue)
         rows = self.advance(wave, logits, ref_logits)
         self.pool.queue.extend(row for row, ep in zip(rows, wave.episodes) if row is not None and ep.env.dense)
@@ -346,11 +330,10 @@ def fused_inputs(replay: list[DecisionRow], wave: Wave, rows: list[DecisionRow |
     """
     full, policy_terms, other_terms = list(replay), [True] * len(replay), [False] * len(replay)
     for ep, packed, row in zip(wave.episodes, wave.packed, rows):
-        if row is None:
-            row = DecisionRow(env_index[ep.env_name], packed, {}, [], [], [], None)
-        full.append(row)
-        policy_terms.append(row.advantages != [] and ep.env.dense)
-        other_terms.append(bool(row.actions))
+        made = row is not None
+        full.append(row if made else DecisionRow(env_index[ep.env_name], packed, {}, [], [], [], None))
+        policy_terms.append(made and ep.env.dense)
+        other_terms.append(made)
     return rows_to_inputs(full, k, policy_terms, other_terms)
 
 
@@ -365,7 +348,6 @@ __all__ = [
     "Rollout",
     "Wave",
     "act_index",
-    "chunk_by_tokens",
     "fused_inputs",
     "group_advantages",
     "rows_to_inputs",

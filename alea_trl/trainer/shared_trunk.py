@@ -80,25 +80,9 @@ def reference_choice_logits(
     return group_option_logits(ref_option_logits, batch.option_question, n_q)
 
 
-@torch.no_grad()
-def policy_and_reference_act_logits(
-    policy: AleaModel, reference: AleaModel, batch: PackedBatch, first_layer: int
-) -> tuple[object, torch.Tensor]:
-    """One policy forward, plus the reference's act-question logits computed from the captured trunk.
-
-    Returns:
-        `(AleaOutput, torch.Tensor)`: the policy's outputs and the reference's ``choice_logits`` of shape
-        `(NQ, max_options)`, laid out as ``AleaOutput.choice_logits``.
-    """
-    with captured_trunk(policy, first_layer) as captured:
-        output = policy(**batch.model_inputs())
-    return output, reference_choice_logits(reference, captured, batch, first_layer)
-
-
 __all__ = [
     "captured_trunk",
     "final_norm",
     "first_shared_layer",
-    "policy_and_reference_act_logits",
     "reference_choice_logits",
 ]

@@ -3,7 +3,7 @@
 import torch
 
 from alea_trl.trainer.loss import exact_kl, policy_loss
-from alea_trl.trainer.rollout import chunk_by_tokens, group_advantages
+from alea_trl.trainer.rollout import group_advantages
 
 
 def test_policy_gradient_equals_group_baseline_reinforce_at_ratio_one():
@@ -67,19 +67,3 @@ def test_exact_kl_by_hand_and_zero_against_itself():
         torch.testing.assert_close(kl[i], (p * (p.log() - q.log())).sum())
     torch.testing.assert_close(exact_kl(logp, logp, legal), torch.zeros(2))
     assert (kl > 0).all()
-
-
-def test_token_budget_chunks():
-    class P:
-        def __init__(self, n):
-            self.n = n
-
-        def __len__(self):
-            return self.n
-
-    packed = [P(n) for n in (10, 30, 20, 5, 50)]
-    chunks = chunk_by_tokens(packed, 60)
-    assert sorted(i for c in chunks for i in c) == list(range(5))
-    for c in chunks:
-        assert max(len(packed[i]) for i in c) * len(c) <= 60
-    assert chunk_by_tokens(packed, None) == [list(range(5))]

@@ -8,7 +8,7 @@ import torch
 
 from alea_trl.packing import collate_segments, pack_request
 from alea_trl.trainer.model_setup import apply_train_mode, decoder_layers
-from alea_trl.trainer.shared_trunk import first_shared_layer, policy_and_reference_act_logits
+from alea_trl.trainer.shared_trunk import captured_trunk, first_shared_layer, reference_choice_logits
 
 from ..conftest import random_decision
 
@@ -30,7 +30,9 @@ def test_shared_trunk_reference_equals_full_reference(make_model, tokenizer, fam
     )
     layer = first_shared_layer(policy, mode, tail_k=1)
     assert layer == (len(decoder_layers(policy.backbone)[1]) - (0 if mode == "heads" else 1))
-    output, ref_choice = policy_and_reference_act_logits(policy, reference, batch, layer)
+    with torch.no_grad(), captured_trunk(policy, layer) as captured:
+        output = policy(**batch.model_inputs())
+    ref_choice = reference_choice_logits(reference, captured, batch, layer)
     with torch.no_grad():
         want_ref = reference(**batch.model_inputs()).choice_logits
         want_policy = policy(**batch.model_inputs()).choice_logits
