@@ -24,9 +24,11 @@ Design decisions:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .questions import QTYPES, Question
@@ -74,10 +76,33 @@ class PackedRequest:
         return len(self.input_ids)
 
 
-def _encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
-    """Token ids of every segment in one tokenizer call (the segments are encoded independently, exactly as one
-    call each would). ``split_special_tokens``: env text that spells ``<|endoftext|>`` is text, never the EOS id."""
-    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]]
+_SEGMENT_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SEGMENT_CACHE_SIZE = 65536
+
+
+def _encode_many(tokenizer, texts: list[str], cached_from: int = 1) -> list[list[int]]:
+    """Token ids of every segment (each encoded on its own, exactly as one call each would), in one tokenizer call
+    for those not cached. ``split_special_tokens``: env text that spells ``<|endoftext|>`` is text, never the EOS id.
+
+    Segments from ``cached_from`` on (the question and option texts, which repeat from decision to decision) are
+    remembered per tokenizer (up to 65,536 texts; the cache starts over when the tokenizer's vocabulary size
+    changes); the state text (segment 0) is always encoded."""
+    try:
+        size, cache = _SEGMENT_CACHE.get(tokenizer, (None, None))
+        if size != len(tokenizer) or len(cache) > _SEGMENT_CACHE_SIZE:
+            size, cache = len(tokenizer), {}
+            _SEGMENT_CACHE[tokenizer] = (size, cache)
+    except TypeError:  # a tokenizer that cannot be weakly referenced: no cache
+        cache = {}
+    missing = [i for i, text in enumerate(texts) if i < cached_from or text not in cache]
+    fresh: dict[int, list[int]] = {}
+    if missing:
+        encoded = tokenizer([texts[i] for i in missing], add_special_tokens=False, split_special_tokens=True)
+        fresh = dict(zip(missing, encoded["input_ids"]))
+        for i, ids in fresh.items():
+            if i >= cached_from:
+                cache[texts[i]] = list(ids)
+    return [list(fresh[i]) if i in fresh else list(cache[text]) for i, text in enumerate(texts)]
 
 
 def pack_request(
@@ -278,6 +303,11 @@ class PackedBatch:
         return int((self.question_seg >= 0).sum())
 
 
+def _long(values) -> torch.Tensor:
+    """A list of ints as a LongTensor, through numpy (several times faster than ``torch.tensor`` on a list)."""
+    return torch.from_numpy(np.array(values, dtype=np.int64))
+
+
 def _place_rows(lengths: list[int], row_tokens: int | None) -> list[tuple[int, int]]:
     """``(row, offset)`` of each decision: one per row, or first-fit decreasing into rows of ``row_tokens`` tokens
     (at least the longest decision)."""
@@ -310,66 +340,68 @@ def collate_segments(packed: Sequence[PackedRequest], pad_id: int, row_tokens: i
         raise ValueError("collate_segments: field 'packed': needs at least one packed request")
     if row_tokens is not None and row_tokens < 1:
         raise ValueError(f"collate_segments: field 'row_tokens': must be a positive integer or None, got {row_tokens}")
-    placed = _place_rows([len(p) for p in packed], row_tokens)
+    lengths = [len(p) for p in packed]
+    placed = _place_rows(lengths, row_tokens)
     B = 1 + max(row for row, _ in placed)
-    L = max(offset + len(p) for p, (_, offset) in zip(packed, placed))
-
-    def full(fill):
-        return torch.full((B, L), fill, dtype=torch.long)
-
-    input_ids, position_ids = full(pad_id), full(0)
-    question_seg, option_seg, doc_seg = full(-1), full(0), full(-1)
-    prev_ids, prev2_ids = full(-1), full(-1)
-    real = torch.zeros(B, L, dtype=torch.bool)
+    L = max(offset + n for n, (_, offset) in zip(lengths, placed))
+    # the decisions' tokens end to end (one conversion per field), then scattered into the (B, L) grid
+    ids, pos, qseg, oseg, parent = [], [], [], [], []
     q_index, q_type, q_bins, q_opts, q_row, o_index, o_question = [], [], [], [], [], [], []
     for d, (p, (b, start)) in enumerate(zip(packed, placed)):
-        n = len(p)
-        end = start + n
-        ids = torch.tensor(p.input_ids, dtype=torch.long)
-        parent = torch.tensor(p.parent, dtype=torch.long)
-        input_ids[b, start:end] = ids
-        position_ids[b, start:end] = torch.tensor(p.position_ids, dtype=torch.long)
-        question_seg[b, start:end] = torch.tensor(p.question_seg, dtype=torch.long)
-        option_seg[b, start:end] = torch.tensor(p.option_seg, dtype=torch.long)
-        doc_seg[b, start:end] = d
-        real[b, start:end] = True
-        has1 = parent >= 0
-        prev_ids[b, start:end] = torch.where(has1, ids[parent.clamp(min=0)], -1)
-        grand = torch.where(has1, parent[parent.clamp(min=0)], -1)
-        prev2_ids[b, start:end] = torch.where(grand >= 0, ids[grand.clamp(min=0)], -1)
+        ids += p.input_ids
+        pos += p.position_ids
+        qseg += p.question_seg
+        oseg += p.option_seg
+        parent += p.parent
+        base = b * L + start  # flat index of the decision's first token in the grid
         for q, q_last, readouts in zip(p.questions, p.question_readout, p.option_readout):
-            q_flat = len(q_index)
-            q_index.append((b, start + q_last))
+            o_question += [len(q_index)] * len(readouts)
+            q_index.append(base + q_last)
             q_type.append(QTYPES.index(q.qtype))
             q_bins.append(q.n_bins or 0)
             q_opts.append(len(readouts))
             q_row.append(d)
-            for o_last in readouts:
-                o_index.append((b, start + o_last))
-                o_question.append(q_flat)
+            o_index += [base + o for o in readouts]
+    n = _long(lengths)
+    doc = torch.repeat_interleave(torch.arange(len(packed)), n)  # (T,) each token's decision
+    first = (torch.cumsum(n, 0) - n)[doc]  # (T,) index of its decision's first token in the flat list
+    dest = _long([b * L + start for b, start in placed])[doc] + torch.arange(len(ids)) - first
+    ids_t = _long(ids)
+    parent_t = _long(parent)
+    parent_t = torch.where(parent_t >= 0, parent_t + first, -1)  # flat index of the parent token
+    grand = torch.where(parent_t >= 0, parent_t[parent_t.clamp(min=0)], -1)
+
+    def grid(values, fill):
+        out = torch.full((B * L,), fill, dtype=torch.long)
+        out[dest] = values
+        return out.view(B, L)
+
     # padding positions continue counting (any value works: padding attends only to itself)
-    position_ids = torch.where(real, position_ids, torch.arange(L).expand(B, L))
+    position_ids = torch.arange(L).repeat(B)
+    position_ids[dest] = _long(pos)
+    question_seg, option_seg = grid(_long(qseg), -1), grid(_long(oseg), 0)
     role_ids = torch.where(option_seg > 0, ROLE_OPTION, torch.where(question_seg > 0, ROLE_QUESTION, ROLE_STATE))
 
-    def long(x, shape=(-1,)):
-        return torch.tensor(x, dtype=torch.long).reshape(shape)
+    def row_and_column(flat):
+        t = _long(flat)
+        return torch.stack([t // L, t % L], -1).reshape(-1, 2)
 
     return PackedBatch(
-        input_ids=input_ids,
-        position_ids=position_ids,
+        input_ids=grid(ids_t, pad_id),
+        position_ids=position_ids.view(B, L),
         question_seg=question_seg,
         option_seg=option_seg,
-        doc_seg=doc_seg,
+        doc_seg=grid(doc, -1),
         role_ids=role_ids,
-        prev_ids=prev_ids,
-        prev2_ids=prev2_ids,
-        question_index=long(q_index, (-1, 2)),
-        question_type=long(q_type),
-        question_bins=long(q_bins),
-        question_options=long(q_opts),
-        question_row=long(q_row),
-        option_index=long(o_index, (-1, 2)),
-        option_question=long(o_question),
+        prev_ids=grid(torch.where(parent_t >= 0, ids_t[parent_t.clamp(min=0)], -1), -1),
+        prev2_ids=grid(torch.where(grand >= 0, ids_t[grand.clamp(min=0)], -1), -1),
+        question_index=row_and_column(q_index),
+        question_type=_long(q_type),
+        question_bins=_long(q_bins),
+        question_options=_long(q_opts),
+        question_row=_long(q_row),
+        option_index=row_and_column(o_index),
+        option_question=_long(o_question),
         questions=[p.questions for p in packed],
     )
 
@@ -378,18 +410,27 @@ def allowed_attention(
     question_seg: torch.Tensor, option_seg: torch.Tensor, doc_seg: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Boolean `(B, L, L)`: may query ``i`` attend key ``j``? (causal, same decision, its state, own question, own
-    option; padding attends only to itself so no softmax row is empty). ``doc_seg=None``: one decision per row."""
-    L = question_seg.shape[-1]
-    idx = torch.arange(L, device=question_seg.device)
-    causal = idx[None, :, None] >= idx[None, None, :]  # (1, L, L)
-    qi, qj = question_seg[:, :, None], question_seg[:, None, :]
-    oi, oj = option_seg[:, :, None], option_seg[:, None, :]
-    real = (qi >= 0) & (qj >= 0)
-    if doc_seg is not None:
-        real = real & (doc_seg[:, :, None] == doc_seg[:, None, :])
-    visible = (qj == 0) | ((qj == qi) & ((oj == 0) | (oj == oi)))
-    pad_self = (qi < 0) & (idx[None, :, None] == idx[None, None, :])
-    return (causal & real & visible) | pad_self
+    option; padding attends only to itself so no softmax row is empty). ``doc_seg=None``: one decision per row.
+
+    Built from one integer label per token, its segment ``(decision, question, option)``: a query sees the keys
+    (before it) whose segment is its own, its question's text or its decision's state, so the `(B, L, L)` work is
+    three comparisons of small integers (in int16 when the labels fit) and one causal ``and``."""
+    B, L = question_seg.shape
+    q, o = question_seg.long(), option_seg.long()
+    d = doc_seg.long() if doc_seg is not None else torch.zeros_like(q)
+    n_o, n_q = int(o.max()) + 1, int(q.max()) + 1
+    n_d = int(d.max()) + 1
+    real = q >= 0
+    own_question = (d * n_q + q) * n_o  # the question's text (for a state token: the state)
+    segment = own_question + o  # the token's own segment
+    state = d * (n_q * n_o)  # the decision's state
+    pad = -1 - torch.arange(L, device=q.device).expand(B, L)  # each padding token is a segment of its own
+    small = n_d * n_q * n_o <= torch.iinfo(torch.int16).max and L <= torch.iinfo(torch.int16).max
+    label = torch.int16 if small else torch.int64
+    segment, own_question, state = (torch.where(real, x, pad).to(label) for x in (segment, own_question, state))
+    key = segment[:, None, :]
+    seen = (key == segment[:, :, None]) | (key == own_question[:, :, None]) | (key == state[:, :, None])
+    return seen & torch.ones(L, L, dtype=torch.bool, device=q.device).tril_()
 
 
 def mask_from_segments(
@@ -398,9 +439,8 @@ def mask_from_segments(
     """The additive float attention mask `(B, 1, L, L)` in the compute ``dtype`` (0 where allowed, the dtype's
     minimum elsewhere). A boolean 4D mask is not used: it is silently wrong under ``attn_implementation="eager"``."""
     allowed = allowed_attention(question_seg, option_seg, doc_seg)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=question_seg.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[:, None]
+    zero = torch.zeros((), dtype=dtype, device=question_seg.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
 
 
 def block_mask_from_segments(

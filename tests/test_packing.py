@@ -213,3 +213,56 @@ def test_special_token_text_in_a_state_is_text(tokenizer):
     d = Decision("Say <|endoftext|> and <|pad|> out loud.", [Question("act", "choice", "Which?", options=["a", "b"])])
     p = pack_request(tokenizer, d.state, d.questions)
     assert tokenizer.eos_token_id not in p.input_ids and tokenizer.pad_token_id not in p.input_ids
+
+
+def test_mask_equals_the_parent_chains_of_shared_rows(tokenizer):
+    """Query i may attend key j exactly when j lies on i's own logical sequence (i itself or an ancestor through
+    ``parent``), in rows shared by several decisions, and padding attends only to itself."""
+    rng = random.Random(7)
+    packed = [pack_request(tokenizer, d.state, d.questions) for d in (random_decision(rng) for _ in range(7))]
+    batch = collate_segments(packed, tokenizer.pad_token_id, row_tokens=2 * max(len(p) for p in packed))
+    assert batch.input_ids.shape[0] < len(packed)  # rows really are shared
+    B, L = batch.input_ids.shape
+    expected = torch.zeros(B, L, L, dtype=torch.bool)
+    placed = {}  # (row, column) of each decision's tokens, read back from doc_seg
+    for b in range(B):
+        for d in batch.doc_seg[b].unique().tolist():
+            if d >= 0:
+                placed[d] = (b, int((batch.doc_seg[b] == d).nonzero()[0]))
+    for d, p in enumerate(packed):
+        b, start = placed[d]
+        for i in range(len(p)):
+            j = i
+            while j >= 0:
+                expected[b, start + i, start + j] = True
+                j = p.parent[j]
+    pad = batch.question_seg < 0
+    expected |= torch.diag_embed(pad)
+    assert torch.equal(allowed_attention(batch.question_seg, batch.option_seg, batch.doc_seg), expected)
+    mask = mask_from_segments(batch.question_seg, batch.option_seg, torch.float32, batch.doc_seg)
+    assert torch.equal(mask[:, 0] == 0, expected)
+
+
+def test_cached_question_and_option_tokens_stay_exact():
+    """Question and option texts are encoded once per tokenizer and reused; a vocabulary change starts over."""
+    from alea_trl.questions import Decision, Question
+    from alea_trl.testing import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()  # a private copy: this test changes its vocabulary
+    d = Decision("A coin was flipped.", [Question("act", "choice", "Heads zyx?", options=["zyx", "tails"])])
+    first = pack_request(tok, d.state, d.questions)
+    assert pack_request(tok, d.state, d.questions) == first  # from the cache
+    tok.add_tokens(["zyx"])
+    again = pack_request(tok, d.state, d.questions)
+    assert again.input_ids == [
+        i for text in _segments(d) for i in _encode(tok, text)
+    ]  # the new token is used, not the stale ids
+    assert len(again) < len(first)
+
+
+def _segments(decision):
+    texts = [decision.state]
+    for q in decision.questions:
+        texts.append(QUESTION_TEMPLATE.format(text=q.text))
+        texts += [OPTION_TEMPLATE.format(option=o) for o in q.options or ()]
+    return texts

@@ -87,8 +87,14 @@ def prob_best(successes, failures, prior_a: int = 1, prior_b: int = 1) -> np.nda
         `np.ndarray`: ``P_i = int_0^1 pdf_i(x) prod_{j != i} cdf_j(x) dx`` per arm, by Gauss-Legendre quadrature,
         exact because the integrand is a polynomial of degree below ``2 * n_nodes``.
     """
-    a = [prior_a + int(s) for s in successes]
-    b = [prior_b + int(f) for f in failures]
+    a = tuple(prior_a + int(s) for s in successes)
+    b = tuple(prior_b + int(f) for f in failures)
+    return np.array(_prob_best(a, b))
+
+
+@lru_cache(maxsize=2**16)
+def _prob_best(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[float, ...]:
+    """:func:`prob_best` of the posterior parameters, memoised (episodes revisit the same few count vectors)."""
     degree = sum(ai + bi - 1 for ai, bi in zip(a, b)) - 1
     nodes, weights = np.polynomial.legendre.leggauss(degree // 2 + 2)
     x, w = 0.5 * (nodes + 1.0), 0.5 * weights
@@ -98,7 +104,7 @@ def prob_best(successes, failures, prior_a: int = 1, prior_b: int = 1) -> np.nda
         others = np.prod(np.delete(cdfs, i, axis=0), axis=0)
         out[i] = float(np.sum(w * beta_pdf(x, a[i], b[i]) * others))
     out = np.clip(out, 0.0, None)
-    return out / out.sum()
+    return tuple(float(v) for v in out / out.sum())
 
 
 @lru_cache(maxsize=2**20)

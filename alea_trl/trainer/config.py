@@ -58,6 +58,11 @@ class AleaEnvGRPOConfig(GRPOConfig):
         pack_rows (`bool`, *optional*, defaults to `True`):
             Let several decisions share one row of a forward (up to the longest decision in it; they cannot attend
             to each other), so short decisions do not pay for padding.
+        prefetch_observations (`bool`, *optional*, defaults to `True`):
+            After a wave's envs are stepped, observe, validate and pack their next decisions in a background thread
+            (pure Python and the tokenizer, no torch) while the backward pass runs; a later wave uses them when the
+            env has not moved since. Only built-in-style envs (`AleaEnv` subclasses, whose `observe()` is cached
+            until `step`) are prefetched; errors are left for the main thread to raise as usual.
         max_batch (`int`, *optional*, defaults to `24`):
             Most decisions packed into one separate rollout forward.
         max_batch_tokens (`int` or `None`, *optional*, defaults to `None`):
@@ -130,6 +135,13 @@ class AleaEnvGRPOConfig(GRPOConfig):
     pack_rows: bool = field(
         default=True,
         metadata={"help": "Let several decisions share a row of a forward, up to the longest one (less padding)."},
+    )
+    prefetch_observations: bool = field(
+        default=True,
+        metadata={
+            "help": "Observe and pack the next decisions of just-stepped envs in a background thread while the "
+            "backward pass runs (AleaEnv subclasses only)."
+        },
     )
     dense_advance: str = field(
         default="best_of_k",

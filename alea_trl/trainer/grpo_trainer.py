@@ -324,7 +324,9 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
         rows = rollout.advance(wave, act, ref)
         inputs = fused_inputs(replay, wave, rows, self.args.num_generations, rollout.env_index)
         self._log_rollout_stats("train", len(batch.questions))
-        return self._loss_from_output(output, batch, inputs)
+        loss = self._loss_from_output(output, batch, inputs)
+        rollout.prefetch(wave.episodes)  # their next decisions, observed while the backward pass runs
+        return loss
 
     def _loss_from_output(self, output, batch, inputs):
         """Clipped policy loss + ``beta`` x exact KL + ``report_w`` x report loss of one forward's outputs."""
@@ -392,6 +394,12 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         for key, value in self._gathered_means(dict(zip(names, zip(host, counts)))).items():
             self._metrics[mode][key].append(value)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:  # background observations overlap this micro-batch's backward pass, never a callback or a save
+            self.rollout.join_prefetch()
 
     def _clip_grad_norm(self, model):
         grad_norm = super()._clip_grad_norm(model)

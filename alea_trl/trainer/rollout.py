@@ -14,7 +14,12 @@ Design decisions:
    lets the loss importance-correct a replay that happens after the policy moved.
 4. Every row carries the reference policy's log-probs over its legal actions (the reference is frozen, so computing
    them at decision time is exact) and the decision's validated report targets.
-5. Bad input never passes silently: a decision that does not fit ``max_len`` resets its episode and is counted; a
+5. Observing is host work (env oracles, the tokenizer) that can overlap the backward pass: after a wave's envs are
+   stepped, their next decisions are observed and packed in one background thread (``prefetch_observations``). The
+   thread has no side effects (it never resets an episode, records a statistic or raises); an entry is used only
+   while its env still returns the very same ``Decision`` object (an ``AleaEnv`` caches it until ``step``), and the
+   main thread waits for the thread before it steps, resets or checkpoints any env.
+6. Bad input never passes silently: a decision that does not fit ``max_len`` resets its episode and is counted; a
    malformed decision, target or reward raises a ``ValueError`` naming the env (or, with ``on_env_error="skip"``,
    resets and is counted).
 """
@@ -24,11 +29,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from ..envs.base import AleaEnv
 from ..packing import PackedRequest, pack_request
 from ..questions import ACT_QID, validate_action_rewards, validate_targets
 from .pool import Episode, EpisodePool
@@ -96,6 +103,9 @@ class Rollout:
         self.env_index = {name: i for i, name in enumerate(pool.env_names)}
         self.generator = torch.Generator().manual_seed(seed)
         self.stats: dict[str, list[float]] = defaultdict(list)
+        self._prefetched: dict[int, tuple] = {}  # id(episode) -> (decision, (packed, targets, rewards))
+        self._prefetch: Future | None = None
+        self._executor: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------------------------------------- collection
     def collect(self, n_rows: int, logits_fn: Callable) -> list[DecisionRow]:
@@ -116,9 +126,11 @@ class Rollout:
                 )
         return self.pool.take(n_rows)
 
-    def _observe(self, episode: Episode):
-        """Observe, validate and pack one episode's decision; ``None`` when it was skipped (episode reset)."""
-        name, env = episode.env_name, episode.env
+    def _prepare(self, env, name: str):
+        """Observe, validate and pack ``env``'s decision without side effects: ``(None, (packed, targets, rewards),
+        decision)``, or ``(where, error, decision)`` with ``where`` "observe" (a malformed decision, target or
+        reward, or an error inside the env) or "pack" (the decision does not fit ``max_len``)."""
+        decision = None
         try:
             decision = env.observe()
             targets = validate_targets(decision, env.oracle_targets(), env=name)
@@ -126,18 +138,55 @@ class Rollout:
             if decision.n_legal < 1:
                 raise ValueError(f"env {name!r}: question 'act', field 'options': no legal action")
         except Exception as err:
-            self._env_failed(episode, "observe", err)
-            return None
+            return "observe", err, decision
         try:
             packed = pack_request(
                 self.tokenizer, decision.state, decision.questions, max_len=self.args.max_len, env=name
             )
-        except ValueError:
-            # oversize: reset the episode and count it, never truncate
+        except ValueError as err:
+            return "pack", err, decision
+        return None, (packed, targets, rewards), decision
+
+    def _observe(self, episode: Episode):
+        """Observe, validate and pack one episode's decision; ``None`` when it was skipped (episode reset)."""
+        cached = self._prefetched.pop(id(episode), None)
+        if cached is not None and cached[0] is episode.env.observe():  # the env has not moved since
+            return cached[1]
+        where, value, _ = self._prepare(episode.env, episode.env_name)
+        if where == "observe":
+            self._env_failed(episode, "observe", value)
+            return None
+        if where == "pack":  # oversize: reset the episode and count it, never truncate
             self.stats["skipped_decisions"].append(1.0)
             self.pool.reset_episode(episode)
             return None
-        return packed, targets, rewards
+        return value
+
+    def prefetch(self, episodes: list[Episode]) -> None:
+        """Start observing the next decisions of ``episodes`` (just stepped) in the background thread."""
+        self.join_prefetch()
+        if not self.args.prefetch_observations:
+            return
+        todo = [ep for ep in episodes if isinstance(ep.env, AleaEnv) and not ep.env.done]
+        if todo:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alea-observe")
+            self._prefetch = self._executor.submit(self._prefetch_run, todo)
+
+    def _prefetch_run(self, episodes: list[Episode]) -> None:
+        for ep in episodes:
+            try:
+                where, value, decision = self._prepare(ep.env, ep.env_name)
+            except Exception:  # left for the main thread, which raises it where it belongs
+                continue
+            if where is None:
+                self._prefetched[id(ep)] = (decision, value)
+
+    def join_prefetch(self) -> None:
+        """Wait for the background observations (before any env is stepped, reset or saved)."""
+        if self._prefetch is not None:
+            self._prefetch.result()
+            self._prefetch = None
 
     def _env_failed(self, episode: Episode, where: str, err: Exception) -> None:
         """A malformed decision, target or reward, or an exception inside the env: raise a ``ValueError`` naming the
@@ -156,6 +205,7 @@ class Rollout:
 
     def observe_wave(self, limit: int) -> Wave:
         """Up to ``limit`` decisions from the pool (fair across envs), observed, validated and packed."""
+        self.join_prefetch()
         wave = Wave([], [], [], [])
         for ep in self.pool.schedule(limit):
             got = self._observe(ep)
@@ -179,6 +229,7 @@ class Rollout:
             ref_logits = [None] * len(logits)
         before = len(self.pool.queue)
         rows = self.advance(wave, logits, ref_logits)
+        self.prefetch(wave.episodes)
         self.pool.queue.extend(row for row, ep in zip(rows, wave.episodes) if row is not None and ep.env.dense)
         return len(self.pool.queue) - before
 
@@ -194,6 +245,7 @@ class Rollout:
             logits (`list[torch.Tensor]`): per decision, the policy's act logits `(n_legal,)` (no gradient needed).
             ref_logits (`list[torch.Tensor | None]`): the reference policy's, or ``None`` entries when ``beta == 0``.
         """
+        self.join_prefetch()
         args = self.args
         rows: list[DecisionRow | None] = []
         dense_groups = []
@@ -258,9 +310,12 @@ class Rollout:
     # ------------------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict:
         """Everything needed to continue identically: the pool (envs, generator, queue) and the sampler."""
+        self.join_prefetch()
         return {"pool": self.pool, "generator": self.generator.get_state(), "stats": dict(self.stats)}
 
     def load_state_dict(self, state: dict) -> None:
+        self.join_prefetch()
+        self._prefetched = {}
         self.pool = state["pool"]
         self.generator.set_state(state["generator"])
         self.stats = defaultdict(list, state["stats"])
