@@ -429,8 +429,10 @@ def allowed_attention(
     label = torch.int16 if small else torch.int64
     segment, own_question, state = (torch.where(real, x, pad).to(label) for x in (segment, own_question, state))
     key = segment[:, None, :]
-    seen = (key == segment[:, :, None]) | (key == own_question[:, :, None]) | (key == state[:, :, None])
-    return seen & torch.ones(L, L, dtype=torch.bool, device=q.device).tril_()
+    seen = key == segment[:, :, None]
+    seen |= key == own_question[:, :, None]
+    seen |= key == state[:, :, None]
+    return seen.logical_and_(torch.ones(L, L, dtype=torch.bool, device=q.device).tril_())
 
 
 def mask_from_segments(
@@ -438,9 +440,8 @@ def mask_from_segments(
 ) -> torch.Tensor:
     """The additive float attention mask `(B, 1, L, L)` in the compute ``dtype`` (0 where allowed, the dtype's
     minimum elsewhere). A boolean 4D mask is not used: it is silently wrong under ``attn_implementation="eager"``."""
-    allowed = allowed_attention(question_seg, option_seg, doc_seg)
-    zero = torch.zeros((), dtype=dtype, device=question_seg.device)
-    return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
+    blocked = allowed_attention(question_seg, option_seg, doc_seg).logical_not_()
+    return blocked.to(dtype).mul_(torch.finfo(dtype).min)[:, None]  # 1 x min or 0 x min (= -0.0, allowed)
 
 
 def block_mask_from_segments(

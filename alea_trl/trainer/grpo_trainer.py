@@ -253,7 +253,7 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
             [[sums[k][0], sums[k][1]] for k in keys], dtype=torch.float64, device=self.accelerator.device
         )
         total = self.accelerator.reduce(local, reduction="sum") if self.accelerator.num_processes > 1 else local
-        return {k: float(total[i, 0] / total[i, 1]) for i, k in enumerate(keys) if total[i, 1] > 0}
+        return {k: value / count for k, (value, count) in zip(keys, total.tolist()) if count > 0}
 
     def _log_rollout_stats(self, mode: str, n_rows: int) -> None:
         stats = self.rollout.pop_stats()
