@@ -6,10 +6,18 @@ and trigram embeddings, segment-role embeddings: they let a tiny model see "pays
 feature) is trained on CPU, all weights, with GRPO on all five built-in envs (hmm, kelly, newsvendor: dense rewards;
 bandit, nim: outcome rewards) plus the report losses: AdamW at ``--lr`` (backbone, heads and extras), ``--warmup``
 steps of warm-up then cosine decay to 0, ``--batch_size`` decisions per step. ``--mix`` sets the training share of an
-env (``kelly=2``, the default: kelly trains as two copies, a third of the decisions). Before training and every
-``--eval_every`` optimizer steps the policy plays ``--eval_episodes`` paired episodes per env with
-``evaluate_policy`` (greedy act head: the reported figure), always on the same evaluation seed, so every point of a
-curve plays the same episodes as the random and oracle policies. The figure is the normalised score ``(policy - random) / (oracle - random)``: 0 is random play, 1 is oracle play.
+env (``hmm=3,kelly=2``, the default: hmm trains as three copies and kelly as two, 3/8 and 2/8 of the decisions).
+Before training and every ``--eval_every`` optimizer steps the policy plays ``--eval_episodes`` paired episodes per
+env with ``evaluate_policy`` (greedy act head: the reported figure), always on the same evaluation seed, so every
+point of a curve plays the same episodes as the random and oracle policies. The figure is the normalised score
+``(policy - random) / (oracle - random)``: 0 is random play, 1 is oracle play.
+
+Env instances: by default (``--env_kwargs small``) hmm and nim are smaller than the library defaults, sized for a
+tiny from-scratch model (see ``SMALL``): hmm with 2 regimes, 2 symbols, sharper emissions (``emit_alpha`` 0.3) and a
+horizon of 3, nim with 3 piles of 1..3 stones. Training and evaluation use the same instances; ``--env_kwargs
+default`` runs the library defaults (on which hmm stayed at random play and nim did not improve in 1000 steps) and a
+JSON object sets any env's kwargs. Outcome envs (bandit, nim) are evaluated on ``--eval_episodes_outcome`` episodes:
+their returns are noisier than the dense envs' expected rewards.
 
 Targets: every env's score ends above its init score, and the dense envs reach >= 0.5. The "final" score is the mean
 of the last two evaluations (it smooths the jitter of a greedy policy between checkpoints); "best" is the best single
@@ -49,14 +57,23 @@ ROOT = Path(__file__).resolve().parents[1]
 ASSET = ROOT / "recipes" / "assets" / "tiny-qwen3"
 ENVS = ["hmm", "kelly", "newsvendor", "bandit", "nim"]
 DENSE = ["hmm", "kelly", "newsvendor"]
+# Env instances sized for a tiny from-scratch model (``--env_kwargs small``, the default). hmm: 2 regimes, 2 symbols,
+# sharper emissions, 3 decisions per episode (the library default, 3 x 3 over 10 steps, did not move from random in
+# 1000 steps: the answer is a lookup in the printed emission table at a position that moves as the symbol list grows);
+# nim: 3 piles of 1..3 stones (the default 4 piles of 1..7 needs the nim-sum of 3-bit numbers). ``--env_kwargs
+# default`` runs the library defaults of every env.
+SMALL = {
+    "hmm": {"n_regimes": 2, "n_symbols": 2, "emit_alpha": 0.3, "horizon": 3},
+    "nim": {"n_piles": 3, "max_stones": 3},
+}
 EVAL_SEED = 12345  # the evaluation episodes: distinct from the training pool's seed, the same at every evaluation
 
 
 class CurveCallback(TrainerCallback):
     """Evaluates the policy every ``every`` optimizer steps (and at init) and records the normalised scores."""
 
-    def __init__(self, trainer_ref: dict, tokenizer, every: int, episodes: int, max_len: int, batch_size: int, budget):
-        self.trainer_ref, self.tokenizer = trainer_ref, tokenizer
+    def __init__(self, trainer_ref: dict, tokenizer, every, episodes, max_len, batch_size, budget, factories):
+        self.trainer_ref, self.tokenizer, self.factories = trainer_ref, tokenizer, factories
         self.every, self.episodes, self.max_len, self.batch_size = every, episodes, max_len, batch_size
         self.budget, self.t0 = budget, time.perf_counter()
         self.points: list[tuple[int, dict[str, float], float]] = []  # (step, {env: score}, seconds)
@@ -67,16 +84,18 @@ class CurveCallback(TrainerCallback):
         was_training = model.training
         model.eval()
         t0 = time.perf_counter()
-        table = evaluate_policy(
-            model,
-            self.tokenizer,
-            ENVS,
-            episodes=self.episodes,
-            seed=EVAL_SEED,
-            greedy=True,
-            max_len=self.max_len,
-            batch_size=self.batch_size,
-        )
+        table = {}  # one call per env: each env has its own episode count (episode i: seed [EVAL_SEED, 0, i])
+        for env in ENVS:
+            table |= evaluate_policy(
+                model,
+                self.tokenizer,
+                {env: self.factories[env]},
+                episodes=self.episodes[env],
+                seed=EVAL_SEED,
+                greedy=True,
+                max_len=self.max_len,
+                batch_size=self.batch_size,
+            )
         model.train(was_training)
         scores = {env: float(table[env]["normalized_score"]) for env in ENVS}
         self.baselines = {env: (table[env]["random"], table[env]["oracle"]) for env in ENVS}
@@ -99,21 +118,24 @@ class CurveCallback(TrainerCallback):
                 control.should_training_stop = True
 
 
-def best_constant(episodes: int, baselines: dict[str, tuple[float, float]]) -> dict[str, float]:
+def best_constant(
+    episodes: dict[str, int], baselines: dict[str, tuple[float, float]], env_kwargs: dict
+) -> dict[str, float]:
     """Per env, the normalised score of the best state-blind policy "always play option i" (clipped to the legal
     options) on the evaluation episodes: what a policy that ignores the state text can reach."""
     from alea_trl.envs import make_env
 
     out = {}
-    for env_idx, name in enumerate(ENVS):
-        env, (rand, orac), best = make_env(name), baselines[name], -math.inf
+    for name in ENVS:
+        env_idx, n = 0, episodes[name]  # each env is evaluated on its own (see CurveCallback.evaluate)
+        env, (rand, orac), best = make_env(name, **env_kwargs.get(name, {})), baselines[name], -math.inf
         for a in range(env.reset(np.random.default_rng([EVAL_SEED, env_idx, 0])).observe().n_legal):
             total = 0.0
-            for i in range(episodes):  # the seeds evaluate_policy gives episode i of env number env_idx
+            for i in range(n):  # the seeds evaluate_policy gives episode i of env number env_idx
                 env.reset(np.random.default_rng([EVAL_SEED, env_idx, i]))
                 while not env.done:
                     total += env.step(min(a, env.observe().n_legal - 1))[0]
-            best = max(best, (total / episodes - rand) / (orac - rand))
+            best = max(best, (total / n - rand) / (orac - rand))
         out[name] = float(best)
     return out
 
@@ -136,8 +158,10 @@ def train_one(args, seed: int) -> tuple[list, dict]:
         use_aux_embed=args.aux_embed,
     )
     weights = {env: 1 for env in ENVS} | {k: int(v) for k, v in (kv.split("=") for kv in args.mix.split(",") if kv)}
+    weights = {env: w for env, w in weights.items() if env in ENVS}
     # an env of weight w trains as w copies (fair round-robin over names: w shares of each wave and batch)
-    copies = {f"{env}_{i}" if i else env: RegisteredEnvFactory(env) for env, w in weights.items() for i in range(w)}
+    kw = args.env_kwargs
+    copies = {f"{e}_{i}" if i else e: RegisteredEnvFactory(e, kw.get(e)) for e, w in weights.items() for i in range(w)}
     config = AleaEnvGRPOConfig(
         output_dir=os.path.join(args.out, f"seed{seed}"),
         envs=list(copies),
@@ -170,7 +194,14 @@ def train_one(args, seed: int) -> tuple[list, dict]:
     )
     ref: dict = {}
     callback = CurveCallback(
-        ref, tokenizer, args.eval_every, args.eval_episodes, config.max_len, config.max_batch, args.budget_s
+        ref,
+        tokenizer,
+        args.eval_every,
+        args.episodes,
+        config.max_len,
+        config.max_batch,
+        args.budget_s,
+        {env: RegisteredEnvFactory(env, kw.get(env)) for env in ENVS},  # evaluation: the same env instances
     )
     trainer = AleaEnvGRPOTrainer(
         model, args=config, processing_class=tokenizer, env_factories=copies, callbacks=[callback]
@@ -195,7 +226,7 @@ def summarise(runs: list[list[tuple[int, dict[str, float], float]]]) -> dict:
         "final": final,
         "best": best,
         "improved": improved,
-        "dense_reach_0.5": all(final[env] >= 0.5 for env in DENSE),
+        "dense_reach_0.5": all(final[env] >= 0.5 for env in DENSE if env in ENVS),
         "curves": curves,
     }
 
@@ -261,7 +292,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000, help="optimizer steps per run")
     parser.add_argument("--eval_every", type=int, default=250, help="evaluate every this many optimizer steps")
-    parser.add_argument("--eval_episodes", type=int, default=60, help="evaluation episodes per env")
+    parser.add_argument("--eval_episodes", type=int, default=100, help="evaluation episodes per dense env")
+    parser.add_argument(
+        "--eval_episodes_outcome",
+        type=int,
+        default=150,
+        help="evaluation episodes per outcome env (0: --eval_episodes)",
+    )
     parser.add_argument("--seeds", default="0", help="comma-separated training seeds (one run each)")
     parser.add_argument("--out", default="runs/bench_learning")
     parser.add_argument(
@@ -282,7 +319,9 @@ def main() -> None:
     hp.add_argument("--batch_size", type=int, default=20, help="per_device_train_batch_size (decisions per step)")
     hp.add_argument("--report_w", type=float, default=1.0)
     hp.add_argument("--max_batch_tokens", type=int, default=2048, help="padded tokens per forward (0: one forward)")
-    hp.add_argument("--mix", default="kelly=2", help="training copies per env, e.g. hmm=3,bandit=0 (evaluation: all)")
+    hp.add_argument(
+        "--mix", default="hmm=3,kelly=2", help="training copies per env, e.g. hmm=3,bandit=0 (evaluation: all)"
+    )
     hp.add_argument("--layers", type=int, default=4, help="backbone decoder layers")
     hp.add_argument("--hidden", type=int, default=128, help="backbone width (MLP 2x, 32-wide heads)")
     hp.add_argument("--ngram", type=int, default=1, help="hashed bigram embedding (use_ngram)")
@@ -293,10 +332,23 @@ def main() -> None:
     hp.add_argument("--warmup", type=int, default=24)
     hp.add_argument("--dense_advance", default="best_of_k", help="best_of_k or sample")
     hp.add_argument("--num_iterations", type=int, default=1, help="optimizer steps per rollout batch")
+    parser.add_argument("--envs", default="", help="comma-separated subset of the envs (a probe; default: all five)")
+    parser.add_argument(
+        "--env_kwargs",
+        default="small",
+        help="env instances, for training and evaluation: 'small' (SMALL), 'default' (the library defaults) or JSON "
+        '{env: {kwarg: value}}, e.g. \'{"nim": {"n_piles": 3}}\'',
+    )
     parser.add_argument("--logging_steps", type=int, default=0, help="trainer log every N steps (0: at the end)")
     args = parser.parse_args()
     if args.quick:
-        args.steps, args.eval_every, args.eval_episodes, args.warmup = 20, 10, 20, 2
+        args.steps, args.eval_every, args.eval_episodes, args.warmup, args.eval_episodes_outcome = 20, 10, 20, 2, 0
+    if args.envs:  # a probe on a subset of the envs (training and evaluation)
+        ENVS[:] = [e for e in ENVS if e in args.envs.split(",")]
+    n_out = args.eval_episodes_outcome or args.eval_episodes
+    args.episodes = {env: args.eval_episodes if env in DENSE else n_out for env in ENVS}
+    presets = {"small": SMALL, "default": {}}
+    args.env_kwargs = presets[args.env_kwargs] if args.env_kwargs in presets else json.loads(args.env_kwargs)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
@@ -304,19 +356,25 @@ def main() -> None:
     t0 = time.perf_counter()
     runs = []
     for seed in seeds:
-        print(f"seed {seed}: {args.steps} steps, evaluating every {args.eval_every} on {args.eval_episodes} episodes")
+        print(f"seed {seed}: {args.steps} steps, evaluating every {args.eval_every} on {args.episodes} episodes")
         points, baselines = train_one(args, seed)
         runs.append(points)
     wall = time.perf_counter() - t0
     runs = [run[: min(len(r) for r in runs)] for run in runs]  # a run stopped by the time budget is shorter
     summary = summarise(runs)
-    summary["best_constant"] = best_constant(args.eval_episodes, baselines)
+    summary["best_constant"] = best_constant(args.episodes, baselines, args.env_kwargs)
     print_table(summary)
+    print(
+        "env instances (training and evaluation):",
+        ", ".join(f"{e} {kw}" for e, kw in args.env_kwargs.items()) or "-",
+        "(others: library defaults)",
+    )
 
+    instances = "small (SMALL)" if args.env_kwargs == SMALL else "custom" if args.env_kwargs else "library defaults"
     title = (
         f"tiny Qwen3 ({args.layers}x{args.hidden}, random init), GRPO on CPU: {args.steps} steps, lr {args.lr:g}, "
-        f"{args.batch_size} decisions/step\ngreedy eval on {args.eval_episodes} paired episodes per env, "
-        f"seeds {','.join(map(str, seeds))}"
+        f"{args.batch_size} decisions/step\ngreedy eval on {args.eval_episodes} paired episodes per env (outcome envs "
+        f"{n_out}), seeds {','.join(map(str, seeds))}; env instances: {instances}"
     )
     png = plot(summary, runs, os.path.join(args.out, "learning_curves.png"), title)
     eval_s = sum(p[2] for run in runs for p in run)
@@ -332,8 +390,9 @@ def main() -> None:
         "png": png,
         "best_constant": summary["best_constant"],
         "eval": "greedy",
-        "eval_episodes": args.eval_episodes,
+        "eval_episodes": args.episodes,
         "seeds": seeds,
+        "env_kwargs": args.env_kwargs,
         "wall_s": round(wall, 1),
         "hparams": {k: getattr(args, k) for k in [a.dest for a in hp._group_actions]},
     }
