@@ -8,7 +8,7 @@ Variants, all in one process on copies of the same seeded random weights:
     ``beta = 0.0`` by default (``--beta 0.05`` adds the reference forward; 0 matches (c), which has no reference
     either), no gradient checkpointing, fp32, the trainer's defaults otherwise (AdamW fused on CPU, grad-norm clip
     1.0, ``eps_per_env = 16``, ``sample_in_loss_forward``, ``pack_rows`` and ``prefetch_observations`` on) and
-    ``max_batch_tokens = 1536``
+    ``max_batch_tokens = 2048``
     (``--max_batch_tokens``). With ``num_iterations = 1`` a step answers its 16 decisions (outcome decisions whose
     episode ended, replayed, and fresh ones, whose actions are sampled from the detached act logits of that same
     forward before their envs are stepped) in forwards with autograd grouped by length within the token budget,
@@ -212,7 +212,7 @@ def main() -> None:
     parser.add_argument(
         "--max_batch_tokens",
         type=int,
-        default=1536,
+        default=2048,
         help="(a): the trainer's max_batch_tokens, padded tokens per length-grouped forward (0: one forward)",
     )
     parser.add_argument("--unpacked_chunk_tokens", type=int, default=16384, help="padded tokens per (b) forward")
