@@ -1,6 +1,7 @@
 """The four scoring rules are strictly proper: the truth has the lowest exact expected loss."""
 
 import numpy as np
+import pytest
 import torch
 
 from alea_trl.losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
@@ -100,3 +101,20 @@ def test_gradients_finite_at_extremes():
     loss = pinball_loss(q, torch.tensor([[0.0, 1e6]]), (0.1, 0.5, 0.9))
     loss.backward()
     assert torch.isfinite(q.grad).all()
+
+
+def test_per_row_reduction_averages_to_the_mean():
+    g = torch.Generator().manual_seed(0)
+    logits, idx = torch.randn(5, 4, generator=g), torch.randint(4, (5,), generator=g)
+    q, y = torch.randn(5, 3, generator=g).sort(-1).values, torch.randn(5, 6, generator=g)
+    for rule, args in [
+        (choice_loss, (logits, idx)),
+        (crps_loss, (logits, idx)),
+        (bernoulli_brier, (logits[:, 0], torch.rand(5, generator=g))),
+        (pinball_loss, (q, y, [0.1, 0.5, 0.9])),
+    ]:
+        rows = rule(*args, reduction="none")
+        assert rows.shape == (5,)
+        torch.testing.assert_close(rows.mean(), rule(*args))
+    with pytest.raises(ValueError, match="reduction"):
+        choice_loss(logits, idx, reduction="sum")

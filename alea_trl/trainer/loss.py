@@ -13,6 +13,9 @@ Design decisions:
 
 from __future__ import annotations
 
+from collections import defaultdict
+
+import numpy as np
 import torch
 
 from ..losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
@@ -63,35 +66,48 @@ def exact_kl(logp: torch.Tensor, ref_logp: torch.Tensor, legal: torch.Tensor) ->
 def report_losses(output, batch: PackedBatch, targets: list[dict], taus) -> dict[str, list[torch.Tensor]]:
     """Per-qtype lists of per-question losses of every report question that has a target.
 
+    Questions of one qtype whose answers and targets have the same shape are scored in one call of the proper
+    scoring rule (``reduction="none"``), so a batch costs a few calls, not one per question.
+
     Args:
         output (`AleaOutput`): the model's outputs for ``batch``.
         batch (`PackedBatch`): the packed decisions.
         targets (`list[dict]`): per decision, the validated oracle targets (qid -> normal form).
         taus (`Sequence[float]`): the regress head's quantile levels.
     """
-    losses: dict[str, list[torch.Tensor]] = {q: [] for q in QTYPES}
     device = output.noul_logits.device
+    groups: dict[tuple, list[tuple[int, object]]] = defaultdict(list)  # (qtype, shape) -> [(flat index, target)]
     flat = 0
     for questions, tgt in zip(batch.questions, targets):
         for q in questions:
             if q.qid != ACT_QID and q.qid in tgt:
                 t = tgt[q.qid]
+                shape = np.shape(t)
                 if q.qtype == "choice":
-                    n = len(q.options)
-                    loss = choice_loss(
-                        output.choice_logits[flat : flat + 1, :n], torch.as_tensor(t, device=device)[None]
-                    )
+                    key = ("choice", len(q.options), shape)
                 elif q.qtype == "score":
-                    n = q.n_bins
-                    loss = crps_loss(output.score_logits[flat : flat + 1, :n], torch.as_tensor(t, device=device)[None])
-                elif q.qtype == "noul":
-                    loss = bernoulli_brier(output.noul_logits[flat : flat + 1], torch.tensor([t], device=device))
+                    key = ("score", q.n_bins, shape)
                 else:
-                    samples = torch.as_tensor(t, dtype=torch.float32, device=device)[None]
-                    loss = pinball_loss(output.quantiles[flat : flat + 1], samples, taus)
-                losses[q.qtype].append(loss)
+                    key = (q.qtype, shape)
+                groups[key].append((flat, t))
             flat += 1
-    return losses
+    scored: dict[str, list[tuple[int, torch.Tensor]]] = {q: [] for q in QTYPES}
+    for key, items in groups.items():
+        rows = torch.tensor([i for i, _ in items], device=device)
+        qtype = key[0]
+        if qtype in ("choice", "score"):
+            target = torch.as_tensor(np.asarray([t for _, t in items]), device=device)
+            logits = (output.choice_logits if qtype == "choice" else output.score_logits)[rows, : key[1]]
+            rule = choice_loss if qtype == "choice" else crps_loss
+            losses = rule(logits, target, reduction="none")
+        elif qtype == "noul":
+            target = torch.tensor([float(t) for _, t in items], device=device)
+            losses = bernoulli_brier(output.noul_logits[rows], target, reduction="none")
+        else:
+            target = torch.as_tensor(np.asarray([t for _, t in items], dtype=np.float32), device=device)
+            losses = pinball_loss(output.quantiles[rows], target, taus, reduction="none")
+        scored[qtype] += zip(rows.tolist(), losses.unbind())
+    return {q: [loss for _, loss in sorted(scored[q], key=lambda x: x[0])] for q in QTYPES}
 
 
 def act_logits_of(output, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:

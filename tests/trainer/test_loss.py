@@ -67,3 +67,54 @@ def test_exact_kl_by_hand_and_zero_against_itself():
         torch.testing.assert_close(kl[i], (p * (p.log() - q.log())).sum())
     torch.testing.assert_close(exact_kl(logp, logp, legal), torch.zeros(2))
     assert (kl > 0).all()
+
+
+def test_batched_report_losses_equal_one_call_per_question(tokenizer):
+    """Report questions scored in one call per (qtype, shape) give each question the loss of its own call, on the
+    five built-in envs' real targets (indices, distributions, probabilities, samples)."""
+    import numpy as np
+
+    from alea_trl import AleaModel
+    from alea_trl.envs import make_env
+    from alea_trl.losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
+    from alea_trl.packing import collate_segments, pack_request
+    from alea_trl.questions import ACT_QID, validate_targets
+    from alea_trl.testing import tiny_backbone_config
+    from alea_trl.trainer.loss import report_losses
+
+    torch.manual_seed(0)
+    config = tiny_backbone_config("qwen3", vocab_size=len(tokenizer), num_layers=1)
+    model = AleaModel.from_backbone(config, backbone_kwargs={"dtype": torch.float32})
+    rng = np.random.default_rng(0)
+    packed, targets = [], []
+    for name in ["hmm", "kelly", "newsvendor", "bandit", "nim"]:
+        env = make_env(name).reset(rng)
+        for _ in range(3):
+            d = env.observe()
+            packed.append(pack_request(tokenizer, d.state, d.questions))
+            targets.append(validate_targets(d, env.oracle_targets(), env=name))
+            if env.step(0)[1]:
+                env.reset(rng)
+    batch = collate_segments(packed, tokenizer.pad_token_id)
+    out = model(**batch.model_inputs())
+    taus = list(model.config.taus)
+    got = report_losses(out, batch, targets, taus)
+    expected = {q: [] for q in got}
+    flat = 0
+    for questions, tgt in zip(batch.questions, targets):
+        for q in questions:
+            if q.qid != ACT_QID and q.qid in tgt:
+                t, i = tgt[q.qid], slice(flat, flat + 1)
+                if q.qtype == "choice":
+                    loss = choice_loss(out.choice_logits[i, : len(q.options)], torch.as_tensor(t)[None])
+                elif q.qtype == "score":
+                    loss = crps_loss(out.score_logits[i, : q.n_bins], torch.as_tensor(t)[None])
+                elif q.qtype == "noul":
+                    loss = bernoulli_brier(out.noul_logits[i], torch.tensor([t]))
+                else:
+                    loss = pinball_loss(out.quantiles[i], torch.as_tensor(t, dtype=torch.float32)[None], taus)
+                expected[q.qtype].append(loss)
+            flat += 1
+    assert all(expected.values())  # every qtype occurs
+    for qtype in got:
+        torch.testing.assert_close(torch.stack(got[qtype]), torch.stack(expected[qtype]), rtol=1e-5, atol=1e-6)
