@@ -384,7 +384,7 @@ def collate_segments(packed: Sequence[PackedRequest], pad_id: int, row_tokens: i
 
     def row_and_column(flat):
         t = _long(flat)
-        return torch.stack([t // L, t % L], -1).reshape(-1, 2)
+        return torch.stack([t // L, t % L], -1)
 
     return PackedBatch(
         input_ids=grid(ids_t, pad_id),
@@ -418,8 +418,7 @@ def allowed_attention(
     B, L = question_seg.shape
     q, o = question_seg.long(), option_seg.long()
     d = doc_seg.long() if doc_seg is not None else torch.zeros_like(q)
-    n_o, n_q = int(o.max()) + 1, int(q.max()) + 1
-    n_d = int(d.max()) + 1
+    n_o, n_q, n_d = (torch.stack([o.max(), q.max(), d.max()]) + 1).tolist()  # one host sync, not three
     real = q >= 0
     own_question = (d * n_q + q) * n_o  # the question's text (for a state token: the state)
     segment = own_question + o  # the token's own segment

@@ -93,7 +93,8 @@ def report_losses(output, batch: PackedBatch, targets: list[dict], taus) -> dict
             flat += 1
     scored: dict[str, list[tuple[int, torch.Tensor]]] = {q: [] for q in QTYPES}
     for key, items in groups.items():
-        rows = torch.tensor([i for i, _ in items], device=device)
+        flat_rows = [i for i, _ in items]
+        rows = torch.tensor(flat_rows, device=device)
         qtype = key[0]
         if qtype in ("choice", "score"):
             target = torch.as_tensor(np.asarray([t for _, t in items]), device=device)
@@ -106,7 +107,7 @@ def report_losses(output, batch: PackedBatch, targets: list[dict], taus) -> dict
         else:
             target = torch.as_tensor(np.asarray([t for _, t in items], dtype=np.float32), device=device)
             losses = pinball_loss(output.quantiles[rows], target, taus, reduction="none")
-        scored[qtype] += zip(rows.tolist(), losses.unbind())
+        scored[qtype] += zip(flat_rows, losses.unbind())
     return {q: [loss for _, loss in sorted(scored[q], key=lambda x: x[0])] for q in QTYPES}
 
 
