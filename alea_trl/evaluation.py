@@ -8,6 +8,12 @@ Design decisions:
 3. Report questions are scored with the same strictly proper rules as training, against the oracle targets.
 4. Results come as (sum, count) pairs so processes can split episodes and add their sums; ``evaluate_policy`` turns
    them into means.
+5. Dense envs also get ``expected_score``: the same normalisation with every realised reward replaced by the exact
+   expected reward (``action_rewards``) of the action taken, and the random / oracle returns by the mean / best
+   expected reward at the same decisions. Its expectation is that of ``normalized_score`` when the decisions the
+   policy meets do not depend on its actions' payoffs (true of hmm, kelly, newsvendor: the state's information does
+   not depend on the action), and it is free of the outcome noise (kelly's log growth, newsvendor's demand), which
+   for a few hundred decisions is larger than the gap between two policies.
 """
 
 from __future__ import annotations
@@ -122,6 +128,9 @@ def evaluation_sums(
                 if env.dense:
                     r = np.asarray(env.action_rewards(), dtype=float)
                     add(f"{name}/regret", float(r.max() - r[a]))
+                    add(f"{name}/expected/policy", float(r[a]))
+                    add(f"{name}/expected/random", float(r.mean()))
+                    add(f"{name}/expected/oracle", float(r.max()))
                 reward, _ = env.step(a)
                 returns[j] += reward
         for j in range(len(live)):
@@ -164,31 +173,43 @@ def evaluate_policy(
     Returns:
         `dict[str, dict[str, float]]`: per env ``return`` (policy), ``random``, ``oracle``, ``normalized_score``
         ``(return - random) / (oracle - random)``, ``regret`` (dense envs: mean per decision of the best expected
-        reward minus that of the chosen action), ``report/<qtype>`` (mean proper score against the oracle),
+        reward minus that of the chosen action), ``expected_score`` (dense envs: the normalised score from exact
+        expected rewards at the decisions the policy met: ``(E[r(a)] - mean_a E[r]) / (max_a E[r] - mean_a E[r])``
+        summed over those decisions; free of outcome noise), ``report/<qtype>`` (mean proper score against the oracle),
         ``baseline/<qtype>`` (the same for the no-skill forecast: uniform, 1/2, or the pooled target quantiles of
         the question for regress) and ``skill/<qtype>`` ``= 1 - report / baseline`` (1 is perfect, 0 no skill).
     """
     sums = evaluation_sums(model, tokenizer, envs, episodes, seed, greedy, max_len, batch_size, forecasts=forecasts)
+    return table_from_means({key: total / count if count else float("nan") for key, (total, count) in sums.items()})
+
+
+def table_from_means(means: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Turn the means of :func:`evaluation_sums`' figures (``"<env>/<metric>"``) into per-env rows with the derived
+    figures: ``normalized_score``, ``expected_score`` (dense envs) and ``skill/<qtype>``."""
     table: dict[str, dict[str, float]] = defaultdict(dict)
-    for key, (total, count) in sums.items():
+    for key, value in means.items():
         env, metric = key.split("/", 1)
-        table[env][metric] = total / count if count else float("nan")
+        table[env][metric] = value
     for row in table.values():
         for qtype in [k.split("/")[1] for k in row if k.startswith("report/")]:
             base = row.get(f"baseline/{qtype}", float("nan"))
             row[f"skill/{qtype}"] = 1.0 - row[f"report/{qtype}"] / base if base > 0 else float("nan")
-        spread = row["oracle"] - row["random"]
-        row["normalized_score"] = (row["return"] - row["random"]) / spread if abs(spread) > 1e-12 else float("nan")
+        spread = row.get("oracle", float("nan")) - row.get("random", float("nan"))
+        gain = row.get("return", float("nan")) - row.get("random", float("nan"))
+        row["normalized_score"] = gain / spread if abs(spread) > 1e-12 else float("nan")
+        if "expected/policy" in row:  # means over the same decisions: their ratio is the ratio of the sums
+            gap = row["expected/oracle"] - row["expected/random"]
+            gain = row["expected/policy"] - row["expected/random"]
+            row["expected_score"] = gain / gap if abs(gap) > 1e-12 else float("nan")
     return dict(table)
 
 
 def format_table(table: dict[str, dict[str, float]]) -> str:
     """A plain-text table of :func:`evaluate_policy` results: one row per env, returns and normalised score, dense
-    regret, and the skill of each report qtype."""
+    envs' expected score and regret, and the skill of each report qtype."""
     qtypes = ("choice", "score", "noul", "regress")
-    header = f"{'env':<12}{'policy':>10}{'random':>10}{'oracle':>10}{'norm.score':>11}{'regret':>9}" + "".join(
-        f"{'skill/' + q:>15}" for q in qtypes
-    )
+    header = f"{'env':<12}{'policy':>10}{'random':>10}{'oracle':>10}{'norm.score':>11}{'exp.score':>10}{'regret':>9}"
+    header += "".join(f"{'skill/' + q:>15}" for q in qtypes)
     lines = [header, "-" * len(header)]
 
     def cell(row, key, width, fmt=".3f"):
@@ -197,10 +218,10 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
     for env, row in table.items():
         line = f"{env:<12}" + cell(row, "return", 10) + cell(row, "random", 10) + cell(row, "oracle", 10)
-        line += cell(row, "normalized_score", 11) + cell(row, "regret", 9)
+        line += cell(row, "normalized_score", 11) + cell(row, "expected_score", 10) + cell(row, "regret", 9)
         line += "".join(cell(row, f"skill/{q}", 15) for q in qtypes)
         lines.append(line)
     return "\n".join(lines)
 
 
-__all__ = ["evaluate_policy", "evaluation_sums", "format_table"]
+__all__ = ["evaluate_policy", "evaluation_sums", "format_table", "table_from_means"]

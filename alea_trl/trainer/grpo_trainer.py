@@ -17,7 +17,7 @@ from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp, unwrap_model_for_generation
 
 from ..envs import env_factories as make_env_factories
-from ..evaluation import evaluation_sums, format_table
+from ..evaluation import evaluation_sums, format_table, table_from_means
 from ..packing import collate_segments
 from ..questions import QTYPES
 from .checkpointing import COMPLETE_MARKER, POOL_STATE_NAME, CrashSafeCheckpoints, last_complete_checkpoint
@@ -423,13 +423,15 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
             with open(path, "a", encoding="utf-8") as f:
                 f.write(
                     "\n## Evaluation\n\nGreedy policy, paired episodes; normalised score is (policy - random) / "
-                    "(oracle - random), skill is 1 - loss / no-skill loss.\n\n```\n" + format_table(table) + "\n```\n"
+                    "(oracle - random), exp.score the same from exact expected rewards (dense envs), skill is 1 - loss / "
+                    "no-skill loss.\n\n```\n" + format_table(table) + "\n```\n"
                 )
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Play ``eval_episodes`` greedy episodes per env (split across processes) and log per-env return, oracle
-        and random returns, normalised score and per-qtype report losses."""
+        and random returns, normalised score (and dense envs' expected score and regret) and per-qtype report
+        losses and skills (see :func:`~alea_trl.evaluation.evaluate_policy`)."""
         unwrapped = self.accelerator.unwrap_model(self.model)
         sums = evaluation_sums(
             unwrapped,
@@ -441,18 +443,11 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
             batch_size=self.args.max_batch,
             shard=(self.accelerator.process_index, self.accelerator.num_processes),
         )
-        table: dict[str, dict[str, float]] = {env: {} for env in self.env_factories}
-        for key, value in self._gathered_means(sums).items():
-            env, metric = key.split("/", 1)
-            table[env][metric] = value
-        for row in table.values():
-            if abs(row.get("oracle", 0.0) - row.get("random", 0.0)) > 1e-12:
-                row["normalized_score"] = (row["return"] - row["random"]) / (row["oracle"] - row["random"])
-            for qtype in [k.split("/")[1] for k in row if k.startswith("report/")]:
-                if row.get(f"baseline/{qtype}", 0.0) > 0:
-                    row[f"skill/{qtype}"] = 1.0 - row[f"report/{qtype}"] / row[f"baseline/{qtype}"]
+        table = {env: {} for env in self.env_factories} | table_from_means(self._gathered_means(sums))
         self.last_eval_table = table
-        metrics = {f"{metric_key_prefix}_{env}/{k}": v for env, row in table.items() for k, v in row.items()}
+        metrics = {  # undefined figures (NaN: an env whose oracle ties random, a zero baseline) are not logged
+            f"{metric_key_prefix}_{env}/{k}": v for env, row in table.items() for k, v in row.items() if v == v
+        }
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
