@@ -187,18 +187,18 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
         return SequentialSampler(dataset if dataset is not None else self.train_dataset)
 
     # ------------------------------------------------------------------------------------------------ generation
-    def _rollout_logits(self, policy, packed) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Act logits of the policy and (``beta != 0``) of the reference, per decision, for a no-grad rollout wave:
-        the loss's own forwards (``_answer``) without autograd."""
+    def _rollout_logits(self, policy, packed) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Act logits `(N, A)` of the policy and (``beta != 0``) of the reference for a no-grad rollout wave: the
+        loss's own forwards (``_answer``) without autograd."""
         with torch.no_grad(), self.compute_loss_context_manager():
             output, ref_choice, batch = self._answer(policy, packed, with_reference=self.beta != 0.0)
         ref = self._act_rows(ref_choice, batch) if ref_choice is not None else None
         return self._act_rows(output.choice_logits, batch), ref
 
     @staticmethod
-    def _act_rows(choice_logits: torch.Tensor, batch) -> list[torch.Tensor]:
-        logits, legal = act_logits_of(SimpleNamespace(choice_logits=choice_logits), batch)
-        return [row[mask] for row, mask in zip(logits.float(), legal)]
+    def _act_rows(choice_logits: torch.Tensor, batch) -> torch.Tensor:
+        """The act question's logits of every decision, `(N, A)`, ``-inf`` beyond its legal options."""
+        return act_logits_of(SimpleNamespace(choice_logits=choice_logits), batch)[0].float()
 
     @contextlib.contextmanager
     def _unwrapped_for_rollout(self):
@@ -320,7 +320,7 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
         output, ref_choice, batch = self._answer(model, [row.packed for row in replay] + wave.packed, self.beta != 0.0)
         n_replay = len(replay)
         act = self._act_rows(output.choice_logits.detach(), batch)[n_replay:]
-        ref = self._act_rows(ref_choice, batch)[n_replay:] if ref_choice is not None else [None] * len(act)
+        ref = self._act_rows(ref_choice, batch)[n_replay:] if ref_choice is not None else None
         rows = rollout.advance(wave, act, ref)
         inputs = fused_inputs(replay, wave, rows, self.args.num_generations, rollout.env_index)
         self._log_rollout_stats("train", len(batch.questions))

@@ -60,15 +60,31 @@ def act_index(packed: PackedRequest) -> int:
 
 
 def group_advantages(rewards: torch.Tensor, scale_rewards: str, batch_std: float | None = None) -> torch.Tensor:
-    """GRPO advantages of the k rewards of one decision: centred on their mean, scaled as ``scale_rewards`` says."""
-    if bool((rewards == rewards[0]).all()):  # no signal; exactly zero (rounding in the mean would be amplified)
-        return torch.zeros_like(rewards)
-    centred = rewards - rewards.mean()
+    """GRPO advantages of the k rewards of a decision (the last dimension; a `(D, k)` tensor holds D decisions):
+    centred on their mean, scaled as ``scale_rewards`` says. A group whose rewards are all equal has no signal and
+    gets exactly zero (rounding in the mean would otherwise be amplified by the scaling)."""
+    centred = rewards - rewards.mean(-1, keepdim=True)
     if scale_rewards == "group":
-        return centred / (rewards.std() + 1e-4)
-    if scale_rewards == "batch":
-        return centred / ((batch_std or 0.0) + 1e-4)
-    return centred
+        centred = centred / (rewards.std(-1, keepdim=True) + 1e-4)
+    elif scale_rewards == "batch":
+        centred = centred / ((batch_std or 0.0) + 1e-4)
+    no_signal = (rewards == rewards[..., :1]).all(-1, keepdim=True)
+    return centred.masked_fill(no_signal, 0.0)
+
+
+def _log_probs(logits, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host log-probs `(N, A)` at ``temperature`` of act logits given as `(N, A)` (``-inf`` beyond the legal options)
+    or as a list of `(n_legal,)` tensors, and the legal mask."""
+    if not isinstance(logits, torch.Tensor):
+        logits = torch.nn.utils.rnn.pad_sequence(
+            [x.detach().reshape(-1) for x in logits], batch_first=True, padding_value=float("-inf")
+        )
+    logits = logits.detach().float().cpu()
+    return torch.log_softmax(logits / temperature, -1), torch.isfinite(logits)
+
+
+def _absent(ref_logits) -> bool:
+    return ref_logits is None or (not isinstance(ref_logits, torch.Tensor) and all(r is None for r in ref_logits))
 
 
 @dataclass
@@ -113,8 +129,9 @@ class Rollout:
 
         Args:
             n_rows (`int`): rows wanted.
-            logits_fn (`Callable`): ``list[PackedRequest] -> (act, ref)``: the policy's act logits, one tensor
-                `(n_legal,)` per decision, and the reference policy's (``None`` when ``beta == 0``).
+            logits_fn (`Callable`): ``list[PackedRequest] -> (act, ref)``: the policy's act logits (`(N, A)` with
+                ``-inf`` beyond the legal options, or one `(n_legal,)` tensor per decision) and the reference
+                policy's (``None`` when ``beta == 0``); see :meth:`advance`.
         """
         stalled = 0
         while len(self.pool.queue) < n_rows:
@@ -225,52 +242,64 @@ class Rollout:
         if not wave.episodes:
             return 0
         logits, ref_logits = logits_fn(wave.packed)
-        if ref_logits is None:
-            ref_logits = [None] * len(logits)
         before = len(self.pool.queue)
         rows = self.advance(wave, logits, ref_logits)
         self.prefetch(wave.episodes)
         self.pool.queue.extend(row for row, ep in zip(rows, wave.episodes) if row is not None and ep.env.dense)
         return len(self.pool.queue) - before
 
-    def advance(self, wave: Wave, logits: list[torch.Tensor], ref_logits: list) -> list[DecisionRow | None]:
+    def advance(self, wave: Wave, logits, ref_logits=None) -> list[DecisionRow | None]:
         """Sample actions for a wave from the policy's act logits, step the envs, and return one row per decision
         (``None`` where the env failed and ``on_env_error="skip"`` reset it).
 
         Dense rows come back with their k actions and group advantages. An outcome row holds its one action and is
         also kept with its episode: when the episode ends, it goes to the pool's queue with the return's advantage.
+        The sampling and the advantages are computed for the whole wave at once (one ``(N, k)`` draw from the
+        generator); only the env steps run per decision.
 
         Args:
             wave (`Wave`): the decisions.
-            logits (`list[torch.Tensor]`): per decision, the policy's act logits `(n_legal,)` (no gradient needed).
-            ref_logits (`list[torch.Tensor | None]`): the reference policy's, or ``None`` entries when ``beta == 0``.
+            logits (`torch.Tensor` or `list[torch.Tensor]`): the policy's act logits (no gradient needed), either
+                `(N, A)` with ``-inf`` beyond each decision's legal options, or one `(n_legal,)` tensor per decision.
+            ref_logits (`torch.Tensor`, `list`, *optional*): the reference policy's, in the same form; ``None`` (or a
+                list of ``None``) when ``beta == 0``.
         """
         self.join_prefetch()
         args = self.args
+        logp_all, legal = _log_probs(logits, args.temperature)  # (N, A) on the host
+        ref_all = None if _absent(ref_logits) else _log_probs(ref_logits, args.temperature)[0]
+        probs = logp_all.exp()
+        entropy = -torch.where(legal, probs * logp_all, 0.0).sum(-1)
+        actions = torch.multinomial(probs, args.num_generations, replacement=True, generator=self.generator)
+        dense = [ep.env.dense for ep in wave.episodes]
+        rewards = torch.zeros(logp_all.shape, dtype=torch.float32)  # dense decisions' expected rewards, (N, A)
+        for i, r in enumerate(wave.rewards):
+            if dense[i]:
+                rewards[i, : len(r)] = torch.as_tensor(r, dtype=torch.float32)
+        sampled = rewards.gather(1, actions)  # (N, k)
+        best = rewards.masked_fill(~legal, float("-inf")).amax(-1)
+        regret = best - (probs * rewards).sum(-1)
+        if args.dense_advance == "best_of_k":
+            dense_step = actions.gather(1, sampled.argmax(-1, keepdim=True))[:, 0]
+        else:
+            dense_step = actions[:, 0]
+        n_legal = legal.sum(-1).tolist()
+        h, reg, act, step_a = entropy.tolist(), regret.tolist(), actions.tolist(), dense_step.tolist()
+        logp_act = logp_all.gather(1, actions).tolist()
+
         rows: list[DecisionRow | None] = []
-        dense_groups = []
+        dense_rows: list[int] = []
         for i, ep in enumerate(wave.episodes):
-            logp_all = torch.log_softmax(logits[i].detach().float().cpu() / args.temperature, -1)  # (n_legal,)
-            probs = logp_all.exp()
-            ref_logp = None
-            if ref_logits[i] is not None:
-                ref_logp = torch.log_softmax(ref_logits[i].detach().float().cpu() / args.temperature, -1)
-            self.stats[f"env/{ep.env_name}/entropy"].append(float(-(probs * logp_all).sum()))
+            ref_logp = ref_all[i, : n_legal[i]] if ref_all is not None else None
+            self.stats[f"env/{ep.env_name}/entropy"].append(h[i])
             idx = self.env_index[ep.env_name]
-            if ep.env.dense:
-                actions = torch.multinomial(probs, args.num_generations, replacement=True, generator=self.generator)
-                r_all = torch.as_tensor(wave.rewards[i], dtype=torch.float32)
-                r = r_all[actions]  # (k,)
-                self.stats[f"env/{ep.env_name}/regret"].append(float(r_all.max() - (probs * r_all).sum()))
-                row = DecisionRow(
-                    idx, wave.packed[i], wave.targets[i], actions.tolist(), [], logp_all[actions].tolist(), ref_logp
-                )
-                advance = int(actions[r.argmax()]) if args.dense_advance == "best_of_k" else int(actions[0])
-            else:
-                advance = int(torch.multinomial(probs, 1, generator=self.generator))
-                row = DecisionRow(
-                    idx, wave.packed[i], wave.targets[i], [advance], [], [float(logp_all[advance])], ref_logp
-                )
+            if dense[i]:
+                self.stats[f"env/{ep.env_name}/regret"].append(reg[i])
+                row = DecisionRow(idx, wave.packed[i], wave.targets[i], act[i], [], logp_act[i], ref_logp)
+                advance = step_a[i]
+            else:  # one action: the first of the row's draws
+                advance = act[i][0]
+                row = DecisionRow(idx, wave.packed[i], wave.targets[i], [advance], [], [logp_act[i][0]], ref_logp)
             try:
                 reward, done = ep.env.step(advance)
                 reward = float(reward)
@@ -280,8 +309,8 @@ class Rollout:
                 self._env_failed(ep, "step", err)  # the row is dropped with the episode
                 rows.append(None)
                 continue
-            if ep.env.dense:
-                dense_groups.append((row, r))
+            if dense[i]:
+                dense_rows.append(i)
             else:
                 ep.pending.append(row)
             rows.append(row)
@@ -290,11 +319,11 @@ class Rollout:
             if done:
                 self._finish(ep)
 
-        batch_std = None
-        if args.scale_rewards == "batch" and dense_groups:
-            batch_std = float(torch.cat([r for _, r in dense_groups]).std())
-        for row, r in dense_groups:
-            row.advantages = group_advantages(r, args.scale_rewards, batch_std).tolist()
+        if dense_rows:
+            r = sampled[dense_rows]  # (D, k)
+            batch_std = float(r.std()) if args.scale_rewards == "batch" else None
+            for i, adv in zip(dense_rows, group_advantages(r, args.scale_rewards, batch_std).tolist()):
+                rows[i].advantages = adv
         return rows
 
     def _finish(self, ep: Episode) -> None:

@@ -203,8 +203,7 @@ class UnpackedLoop:
             # sample the chunk's fresh decisions from its own forward and step their envs
             fresh = [j for j, d in enumerate(idx) if d >= n_replay]
             sub = wave.subset([idx[j] - n_replay for j in fresh])
-            legal = [act[j][torch.isfinite(act[j])] for j in fresh]
-            rows = rollout.advance(sub, legal, [None] * len(fresh))
+            rows = rollout.advance(sub, act[fresh])
             chunk_replay = [replay[d] for d in idx if d < n_replay]
             inputs = fused_inputs(chunk_replay, sub, rows, self.k, rollout.env_index)
             sel = torch.tensor([j for j, d in enumerate(idx) if d < n_replay] + fresh)  # inputs' row order

@@ -118,3 +118,15 @@ def test_batched_report_losses_equal_one_call_per_question(tokenizer):
     assert all(expected.values())  # every qtype occurs
     for qtype in got:
         torch.testing.assert_close(torch.stack(got[qtype]), torch.stack(expected[qtype]), rtol=1e-5, atol=1e-6)
+
+
+def test_group_advantages_of_a_wave_equal_one_decision_at_a_time():
+    g = torch.Generator().manual_seed(1)
+    rewards = torch.rand(6, 8, generator=g).round(decimals=1)  # ties within groups
+    rewards[2] = 0.3  # a group with no signal
+    for scale in ("group", "batch", "none"):
+        wave = group_advantages(rewards, scale, batch_std=0.25)
+        rows = torch.stack([group_advantages(r, scale, batch_std=0.25) for r in rewards])
+        torch.testing.assert_close(wave, rows, rtol=0, atol=0)
+        assert torch.all(wave[2] == 0)
+        torch.testing.assert_close(wave.mean(-1), torch.zeros(6), atol=1e-6, rtol=0)

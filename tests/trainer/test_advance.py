@@ -1,0 +1,60 @@
+"""``Rollout.advance``: the wave's actions are drawn from the act head's distribution, their log-probs and group
+advantages are those of each decision, and both accepted forms of the logits give the same rows."""
+
+import copy
+
+import numpy as np
+import torch
+
+from alea_trl.envs import make_env
+from alea_trl.trainer.pool import EpisodePool
+from alea_trl.trainer.rollout import Rollout, group_advantages
+
+
+def _rollout(tokenizer, make_args, **overrides):
+    args = make_args(**overrides)
+    factories = {"kelly": lambda: make_env("kelly"), "nim": lambda: make_env("nim")}
+    return Rollout(EpisodePool(factories, eps_per_env=3, rng=np.random.default_rng(0)), tokenizer, args, seed=0)
+
+
+def _act_logits(wave, seed=0):
+    """Random act logits of the right width per decision (kelly: its stakes; nim: its legal moves)."""
+    g = torch.Generator().manual_seed(seed)
+    widths = [ep.env.observe().n_legal for ep in wave.episodes]
+    return [torch.randn(n, generator=g) * 2 for n in widths]
+
+
+def test_list_and_padded_logits_give_the_same_rows(tokenizer, make_args):
+    rollout = _rollout(tokenizer, make_args)
+    twin = copy.deepcopy(rollout)
+    wave = rollout.observe_wave(6)
+    logits = _act_logits(wave)
+    ref = [x * 0.5 for x in logits]
+    rows = rollout.advance(wave, logits, ref)
+    padded = torch.nn.utils.rnn.pad_sequence(logits, batch_first=True, padding_value=float("-inf"))
+    ref_padded = torch.nn.utils.rnn.pad_sequence(ref, batch_first=True, padding_value=float("-inf"))
+    twin_wave = twin.observe_wave(6)
+    twin_rows = twin.advance(twin_wave, padded, ref_padded)
+    for a, b, x, r in zip(rows, twin_rows, logits, ref):
+        assert a.actions == b.actions and a.old_logps == b.old_logps and a.advantages == b.advantages
+        torch.testing.assert_close(a.ref_logps, torch.log_softmax(r, -1))
+        torch.testing.assert_close(b.ref_logps, torch.log_softmax(r, -1))
+        # the stored behaviour log-probs are those of the sampled actions under the act head
+        want = torch.log_softmax(x, -1)[a.actions]
+        torch.testing.assert_close(torch.tensor(a.old_logps), want)
+
+
+def test_actions_follow_the_act_head_and_dense_advantages_are_per_decision(tokenizer, make_args):
+    rollout = _rollout(tokenizer, make_args, num_generations=4000, temperature=0.7)
+    wave = rollout.observe_wave(6)
+    logits = _act_logits(wave, seed=3)
+    rows = rollout.advance(wave, logits, None)
+    for ep, row, x, r in zip(wave.episodes, rows, logits, wave.rewards):
+        if r is None:  # outcome decision: one action, kept with its episode until the return is known
+            assert len(row.actions) == 1 and row in ep.pending
+            continue
+        p = torch.softmax(x / 0.7, -1)
+        freq = torch.bincount(torch.tensor(row.actions), minlength=len(p)).float() / len(row.actions)
+        assert (freq - p).abs().max() < 0.04  # 4000 draws: standard error <= 0.008
+        expected = group_advantages(torch.tensor(r, dtype=torch.float32)[row.actions], "group")
+        torch.testing.assert_close(torch.tensor(row.advantages), expected)
