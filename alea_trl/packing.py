@@ -27,6 +27,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -59,6 +60,10 @@ class PackedRequest:
             non-choice questions).
         n_state_tokens (`int`): tokens of the state (after any requested truncation).
         n_state_dropped (`int`): state tokens dropped from the left because ``truncate_state=True``.
+
+    A packed request is read-only once built: :func:`collate_segments` reads it through arrays made once per request
+    (``arrays``; the trainer makes them while observing, off the training thread), so a later edit of its lists
+    would not be seen.
     """
 
     input_ids: list[int]
@@ -74,6 +79,34 @@ class PackedRequest:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    @cached_property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """int64 arrays of the request, made once: tokens `(5, n)` (``input_ids``, ``position_ids``,
+        ``question_seg``, ``option_seg``, ``parent``), questions `(4, n_questions)` (read-out index, qtype index,
+        bins, number of options) and options `(2, n_options)` (read-out index, index of the option's question)."""
+        tokens = np.array(
+            [self.input_ids, self.position_ids, self.question_seg, self.option_seg, self.parent], dtype=np.int64
+        )
+        questions = np.array(
+            [
+                self.question_readout,
+                [QTYPES.index(q.qtype) for q in self.questions],
+                [q.n_bins or 0 for q in self.questions],
+                [len(r) for r in self.option_readout],
+            ],
+            dtype=np.int64,
+        ).reshape(4, len(self.questions))
+        options = np.array(
+            [[o for r in self.option_readout for o in r], [i for i, r in enumerate(self.option_readout) for _ in r]],
+            dtype=np.int64,
+        ).reshape(2, -1)
+        return tokens, questions, options
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("arrays", None)  # made again on demand: pickles (checkpointed episode pools) stay lean
+        return state
 
 
 _SEGMENT_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -344,30 +377,24 @@ def collate_segments(packed: Sequence[PackedRequest], pad_id: int, row_tokens: i
     placed = _place_rows(lengths, row_tokens)
     B = 1 + max(row for row, _ in placed)
     L = max(offset + n for n, (_, offset) in zip(lengths, placed))
-    # the decisions' tokens end to end (one conversion per field), then scattered into the (B, L) grid
-    ids, pos, qseg, oseg, parent = [], [], [], [], []
-    q_index, q_type, q_bins, q_opts, q_row, o_index, o_question = [], [], [], [], [], [], []
-    for d, (p, (b, start)) in enumerate(zip(packed, placed)):
-        ids += p.input_ids
-        pos += p.position_ids
-        qseg += p.question_seg
-        oseg += p.option_seg
-        parent += p.parent
-        base = b * L + start  # flat index of the decision's first token in the grid
-        for q, q_last, readouts in zip(p.questions, p.question_readout, p.option_readout):
-            o_question += [len(q_index)] * len(readouts)
-            q_index.append(base + q_last)
-            q_type.append(QTYPES.index(q.qtype))
-            q_bins.append(q.n_bins or 0)
-            q_opts.append(len(readouts))
-            q_row.append(d)
-            o_index += [base + o for o in readouts]
+    # the decisions' tokens end to end (each request's arrays are made once), then scattered into the (B, L) grid
+    arrays = [p.arrays for p in packed]
+    tokens = torch.from_numpy(np.concatenate([a[0] for a in arrays], 1))  # (5, T)
+    ids_t, pos, qseg, oseg, parent_t = tokens.unbind(0)
+    base = np.array([b * L + start for b, start in placed], dtype=np.int64)  # flat grid index of each first token
+    n_q = np.array([a[1].shape[1] for a in arrays])
+    n_o = np.array([a[2].shape[1] for a in arrays])
+    questions = np.concatenate([a[1] for a in arrays], 1)  # (4, NQ)
+    options = np.concatenate([a[2] for a in arrays], 1)  # (2, NO)
+    q_first = np.cumsum(n_q) - n_q  # index of each decision's first question in the batch
+    q_index = questions[0] + np.repeat(base, n_q)
+    o_index = options[0] + np.repeat(base, n_o)
+    o_question = options[1] + np.repeat(q_first, n_o)
+    q_row = np.repeat(np.arange(len(packed)), n_q)
     n = _long(lengths)
     doc = torch.repeat_interleave(torch.arange(len(packed)), n)  # (T,) each token's decision
     first = (torch.cumsum(n, 0) - n)[doc]  # (T,) index of its decision's first token in the flat list
-    dest = _long([b * L + start for b, start in placed])[doc] + torch.arange(len(ids)) - first
-    ids_t = _long(ids)
-    parent_t = _long(parent)
+    dest = torch.from_numpy(base)[doc] + torch.arange(len(ids_t)) - first
     parent_t = torch.where(parent_t >= 0, parent_t + first, -1)  # flat index of the parent token
     grand = torch.where(parent_t >= 0, parent_t[parent_t.clamp(min=0)], -1)
 
@@ -378,13 +405,12 @@ def collate_segments(packed: Sequence[PackedRequest], pad_id: int, row_tokens: i
 
     # padding positions continue counting (any value works: padding attends only to itself)
     position_ids = torch.arange(L).repeat(B)
-    position_ids[dest] = _long(pos)
-    question_seg, option_seg = grid(_long(qseg), -1), grid(_long(oseg), 0)
+    position_ids[dest] = pos
+    question_seg, option_seg = grid(qseg, -1), grid(oseg, 0)
     role_ids = torch.where(option_seg > 0, ROLE_OPTION, torch.where(question_seg > 0, ROLE_QUESTION, ROLE_STATE))
 
-    def row_and_column(flat):
-        t = _long(flat)
-        return torch.stack([t // L, t % L], -1)
+    def row_and_column(flat: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.stack([flat // L, flat % L], -1))
 
     return PackedBatch(
         input_ids=grid(ids_t, pad_id),
@@ -396,12 +422,12 @@ def collate_segments(packed: Sequence[PackedRequest], pad_id: int, row_tokens: i
         prev_ids=grid(torch.where(parent_t >= 0, ids_t[parent_t.clamp(min=0)], -1), -1),
         prev2_ids=grid(torch.where(grand >= 0, ids_t[grand.clamp(min=0)], -1), -1),
         question_index=row_and_column(q_index),
-        question_type=_long(q_type),
-        question_bins=_long(q_bins),
-        question_options=_long(q_opts),
-        question_row=_long(q_row),
+        question_type=torch.from_numpy(questions[1].copy()),
+        question_bins=torch.from_numpy(questions[2].copy()),
+        question_options=torch.from_numpy(questions[3].copy()),
+        question_row=torch.from_numpy(q_row),
         option_index=row_and_column(o_index),
-        option_question=_long(o_question),
+        option_question=torch.from_numpy(o_question),
         questions=[p.questions for p in packed],
     )
 
@@ -437,10 +463,36 @@ def allowed_attention(
 def mask_from_segments(
     question_seg: torch.Tensor, option_seg: torch.Tensor, dtype: torch.dtype, doc_seg: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The additive float attention mask `(B, 1, L, L)` in the compute ``dtype`` (0 where allowed, the dtype's
-    minimum elsewhere). A boolean 4D mask is not used: it is silently wrong under ``attn_implementation="eager"``."""
-    blocked = allowed_attention(question_seg, option_seg, doc_seg).logical_not_()
-    return blocked.to(dtype).mul_(torch.finfo(dtype).min)[:, None]  # 1 x min or 0 x min (= -0.0, allowed)
+    """The additive float attention mask `(B, 1, L, L)` in the compute ``dtype`` (0 where
+    :func:`allowed_attention` allows, the dtype's minimum elsewhere). A boolean 4D mask is not used: it is silently
+    wrong under ``attn_implementation="eager"``.
+
+    Built without any boolean `(B, L, L)` intermediate, in two passes over the float mask: every token's segment
+    (a run of one decision's state, one question's text or one option) gets its ordinal within the row; a small
+    per-query table over those ordinals holds 0 for the query's own segment, its question's text and its decision's
+    state (found as the latest question-text and state tokens up to the query: a decision packs its state, then each
+    question's text followed by its options); the mask gathers that table at every key's ordinal, and a minimum with
+    the causal mask blocks the keys after the query. Padding keys get a column no query allows; padding queries see
+    only themselves (the diagonal)."""
+    B, L = question_seg.shape
+    device = question_seg.device
+    q, o = question_seg, option_seg
+    d = doc_seg if doc_seg is not None else torch.zeros_like(q)
+    real = q >= 0
+    change = (q[:, 1:] != q[:, :-1]) | (o[:, 1:] != o[:, :-1]) | (d[:, 1:] != d[:, :-1])
+    ordinal = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=device), change.cumsum(1)], 1)  # (B, L)
+    text = torch.where(real & (o == 0), ordinal, -1).cummax(1).values  # the query's question text (or state)
+    state = torch.where(real & (q == 0), ordinal, -1).cummax(1).values
+    n = int(ordinal[:, -1].max()) + 1  # segments per row, at most; the one host sync
+    lowest = torch.finfo(dtype).min
+    visible = torch.stack([ordinal, text, state], -1)  # (B, L, 3); padding queries: column n + 1, no key's
+    visible = torch.where(real[..., None] & (visible >= 0), visible, n + 1)
+    table = torch.full((B, L, n + 2), lowest, dtype=dtype, device=device).scatter_(2, visible, 0.0)
+    keys = torch.where(real, ordinal, n)  # padding keys: column n, which no query allows
+    mask = table.gather(2, keys[:, None, :].expand(B, L, L))
+    torch.minimum(mask, torch.full((L, L), lowest, dtype=dtype, device=device).triu_(1), out=mask)
+    mask.diagonal(0, 1, 2).fill_(0.0)
+    return mask[:, None]
 
 
 def block_mask_from_segments(

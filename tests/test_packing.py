@@ -182,6 +182,10 @@ def test_mask_semantics_by_hand():
         torch.tensor([[0, 1, 0, 1]]), torch.zeros(1, 4, dtype=torch.long), torch.tensor([[0, 0, 1, 1]])
     )
     assert torch.equal(two[0].int(), torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]))
+    two_mask = mask_from_segments(
+        torch.tensor([[0, 1, 0, 1]]), torch.zeros(1, 4, dtype=torch.long), torch.float32, torch.tensor([[0, 0, 1, 1]])
+    )
+    assert torch.equal(two_mask[0, 0] == 0, two[0])
 
 
 def test_too_long_raises_with_counts(tokenizer):
@@ -266,3 +270,22 @@ def _segments(decision):
         texts.append(QUESTION_TEMPLATE.format(text=q.text))
         texts += [OPTION_TEMPLATE.format(option=o) for o in q.options or ()]
     return texts
+
+
+def test_collation_arrays_are_made_once_and_left_out_of_pickles(tokenizer):
+    """Collation reads each request's arrays (made once); a pickled request leaves them out and collates the same."""
+    import pickle
+
+    rng = random.Random(11)
+    packed = [pack_request(tokenizer, d.state, d.questions) for d in (random_decision(rng) for _ in range(5))]
+    batch = collate_segments(packed, tokenizer.pad_token_id, row_tokens=300)
+    assert all("arrays" in p.__dict__ for p in packed)
+    first = packed[0].arrays
+    collate_segments(packed, tokenizer.pad_token_id)
+    assert packed[0].arrays is first  # not made again
+    restored = pickle.loads(pickle.dumps(packed))
+    assert all("arrays" not in p.__dict__ for p in restored)
+    again = collate_segments(restored, tokenizer.pad_token_id, row_tokens=300)
+    for name in batch._TENSORS:
+        assert torch.equal(getattr(batch, name), getattr(again, name)), name
+    assert again.questions == batch.questions

@@ -162,6 +162,7 @@ class Rollout:
             )
         except ValueError as err:
             return "pack", err, decision
+        _ = packed.arrays  # the arrays collation reads, made here (in the background thread when prefetching)
         return None, (packed, targets, rewards), decision
 
     def _observe(self, episode: Episode):
