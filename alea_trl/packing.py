@@ -336,11 +336,6 @@ class PackedBatch:
         return int((self.question_seg >= 0).sum())
 
 
-def _long(values) -> torch.Tensor:
-    """A list of ints as a LongTensor, through numpy (several times faster than ``torch.tensor`` on a list)."""
-    return torch.from_numpy(np.array(values, dtype=np.int64))
-
-
 def _place_rows(lengths: list[int], row_tokens: int | None) -> list[tuple[int, int]]:
     """``(row, offset)`` of each decision: one per row, or first-fit decreasing into rows of ``row_tokens`` tokens
     (at least the longest decision)."""
@@ -377,59 +372,55 @@ def collate_segments(packed: Sequence[PackedRequest], pad_id: int, row_tokens: i
     placed = _place_rows(lengths, row_tokens)
     B = 1 + max(row for row, _ in placed)
     L = max(offset + n for n, (_, offset) in zip(lengths, placed))
-    # the decisions' tokens end to end (each request's arrays are made once), then scattered into the (B, L) grid
+    # the decisions' tokens end to end (each request's arrays are made once), then scattered into the (B, L) grid;
+    # all in numpy (no per-op thread wake-ups), handed to torch without copies
     arrays = [p.arrays for p in packed]
-    tokens = torch.from_numpy(np.concatenate([a[0] for a in arrays], 1))  # (5, T)
-    ids_t, pos, qseg, oseg, parent_t = tokens.unbind(0)
+    ids, pos, qseg, oseg, parent = np.concatenate([a[0] for a in arrays], 1)  # (T,) each
     base = np.array([b * L + start for b, start in placed], dtype=np.int64)  # flat grid index of each first token
     n_q = np.array([a[1].shape[1] for a in arrays])
     n_o = np.array([a[2].shape[1] for a in arrays])
     questions = np.concatenate([a[1] for a in arrays], 1)  # (4, NQ)
     options = np.concatenate([a[2] for a in arrays], 1)  # (2, NO)
     q_first = np.cumsum(n_q) - n_q  # index of each decision's first question in the batch
-    q_index = questions[0] + np.repeat(base, n_q)
-    o_index = options[0] + np.repeat(base, n_o)
-    o_question = options[1] + np.repeat(q_first, n_o)
-    q_row = np.repeat(np.arange(len(packed)), n_q)
-    n = _long(lengths)
-    doc = torch.repeat_interleave(torch.arange(len(packed)), n)  # (T,) each token's decision
-    first = (torch.cumsum(n, 0) - n)[doc]  # (T,) index of its decision's first token in the flat list
-    dest = torch.from_numpy(base)[doc] + torch.arange(len(ids_t)) - first
-    parent_t = torch.where(parent_t >= 0, parent_t + first, -1)  # flat index of the parent token
-    grand = torch.where(parent_t >= 0, parent_t[parent_t.clamp(min=0)], -1)
+    n = np.array(lengths)
+    doc = np.repeat(np.arange(len(packed)), n)  # (T,) each token's decision
+    first = (np.cumsum(n) - n)[doc]  # (T,) index of its decision's first token in the flat list
+    dest = base[doc] + np.arange(len(ids)) - first
+    parent = np.where(parent >= 0, parent + first, -1)  # flat index of the parent token
+    grand = np.where(parent >= 0, parent[np.maximum(parent, 0)], -1)
 
-    def grid(values, fill):
-        out = torch.full((B * L,), fill, dtype=torch.long)
+    def grid(values: np.ndarray, fill: int) -> np.ndarray:
+        out = np.full(B * L, fill, dtype=np.int64)
         out[dest] = values
-        return out.view(B, L)
+        return out.reshape(B, L)
 
-    # padding positions continue counting (any value works: padding attends only to itself)
-    position_ids = torch.arange(L).repeat(B)
+    position_ids = np.tile(np.arange(L), B)  # padding positions continue counting (padding attends only to itself)
     position_ids[dest] = pos
     question_seg, option_seg = grid(qseg, -1), grid(oseg, 0)
-    role_ids = torch.where(option_seg > 0, ROLE_OPTION, torch.where(question_seg > 0, ROLE_QUESTION, ROLE_STATE))
+    role_ids = np.where(option_seg > 0, ROLE_OPTION, np.where(question_seg > 0, ROLE_QUESTION, ROLE_STATE))
 
-    def row_and_column(flat: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.stack([flat // L, flat % L], -1))
+    def row_and_column(flat: np.ndarray) -> np.ndarray:
+        return np.stack([flat // L, flat % L], -1)
 
-    return PackedBatch(
-        input_ids=grid(ids_t, pad_id),
-        position_ids=position_ids.view(B, L),
-        question_seg=question_seg,
-        option_seg=option_seg,
-        doc_seg=grid(doc, -1),
-        role_ids=role_ids,
-        prev_ids=grid(torch.where(parent_t >= 0, ids_t[parent_t.clamp(min=0)], -1), -1),
-        prev2_ids=grid(torch.where(grand >= 0, ids_t[grand.clamp(min=0)], -1), -1),
-        question_index=row_and_column(q_index),
-        question_type=torch.from_numpy(questions[1].copy()),
-        question_bins=torch.from_numpy(questions[2].copy()),
-        question_options=torch.from_numpy(questions[3].copy()),
-        question_row=torch.from_numpy(q_row),
-        option_index=row_and_column(o_index),
-        option_question=torch.from_numpy(o_question),
-        questions=[p.questions for p in packed],
-    )
+    fields = {
+        "input_ids": grid(ids, pad_id),
+        "position_ids": position_ids.reshape(B, L),
+        "question_seg": question_seg,
+        "option_seg": option_seg,
+        "doc_seg": grid(doc, -1),
+        "role_ids": role_ids,
+        "prev_ids": grid(np.where(parent >= 0, ids[np.maximum(parent, 0)], -1), -1),
+        "prev2_ids": grid(np.where(grand >= 0, ids[np.maximum(grand, 0)], -1), -1),
+        "question_index": row_and_column(questions[0] + np.repeat(base, n_q)),
+        "question_type": questions[1],
+        "question_bins": questions[2],
+        "question_options": questions[3],
+        "question_row": np.repeat(np.arange(len(packed)), n_q),
+        "option_index": row_and_column(options[0] + np.repeat(base, n_o)),
+        "option_question": options[1] + np.repeat(q_first, n_o),
+    }
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)) for k, v in fields.items()}
+    return PackedBatch(**tensors, questions=[p.questions for p in packed])
 
 
 def allowed_attention(
