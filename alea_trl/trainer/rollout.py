@@ -273,10 +273,11 @@ class Rollout:
         entropy = -torch.where(legal, probs * logp_all, 0.0).sum(-1)
         actions = torch.multinomial(probs, args.num_generations, replacement=True, generator=self.generator)
         dense = [ep.env.dense for ep in wave.episodes]
-        rewards = torch.zeros(logp_all.shape, dtype=torch.float32)  # dense decisions' expected rewards, (N, A)
+        rewards = np.zeros(tuple(logp_all.shape), dtype=np.float32)  # dense decisions' expected rewards, (N, A)
         for i, r in enumerate(wave.rewards):
             if dense[i]:
-                rewards[i, : len(r)] = torch.as_tensor(r, dtype=torch.float32)
+                rewards[i, : len(r)] = r
+        rewards = torch.from_numpy(rewards)
         sampled = rewards.gather(1, actions)  # (N, k)
         best = rewards.masked_fill(~legal, float("-inf")).amax(-1)
         regret = best - (probs * rewards).sum(-1)
@@ -291,7 +292,7 @@ class Rollout:
         rows: list[DecisionRow | None] = []
         dense_rows: list[int] = []
         for i, ep in enumerate(wave.episodes):
-            ref_logp = ref_all[i, : n_legal[i]] if ref_all is not None else None
+            ref_logp = ref_all[i, : n_legal[i]].clone() if ref_all is not None else None  # its own storage
             self.stats[f"env/{ep.env_name}/entropy"].append(h[i])
             idx = self.env_index[ep.env_name]
             if dense[i]:
