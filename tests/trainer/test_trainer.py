@@ -124,6 +124,15 @@ def test_evaluate_logs_per_env_scores(tiny_model, tokenizer, make_args):
             assert np.isfinite(metrics[f"eval_{env}/{key}"])
         assert metrics[f"eval_{env}/oracle"] > metrics[f"eval_{env}/random"] - 1e-9
     assert "eval_kelly/report/regress" in metrics and "eval_bandit/report/choice" in metrics
+    assert np.isfinite(metrics["eval_kelly/expected_score"]) and "eval_bandit/expected_score" not in metrics
+    # the trainer's table is evaluate_policy's on the same episodes (seed + 1, greedy)
+    from alea_trl.evaluation import evaluate_policy
+
+    table = evaluate_policy(
+        trainer.model, tokenizer, ["kelly"], episodes=trainer.args.eval_episodes, seed=trainer.args.seed + 1
+    )["kelly"]
+    for key in ("normalized_score", "expected_score", "regret"):
+        assert metrics[f"eval_kelly/{key}"] == pytest.approx(table[key], rel=1e-6, abs=1e-9)
 
 
 @pytest.mark.parametrize(
