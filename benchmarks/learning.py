@@ -6,8 +6,8 @@ and trigram embeddings, segment-role embeddings: they let a tiny model see "pays
 feature) is trained on CPU, all weights, with GRPO on all five built-in envs (hmm, kelly, newsvendor: dense rewards;
 bandit, nim: outcome rewards) plus the report losses: AdamW at ``--lr`` (backbone, heads and extras), ``--warmup``
 steps of warm-up then cosine decay to 0, ``--batch_size`` decisions per step. ``--mix`` sets the training share of an
-env (``hmm=3,kelly=3``, the default: hmm and kelly train as three copies each, 3/9 of the decisions each; the two
-envs whose state must really be read get most of the steps).
+env (``hmm=4,kelly=3``, the default: hmm trains as four copies and kelly as three, 4/10 and 3/10 of the decisions;
+the two envs whose state must really be read get most of the steps).
 Before training and every ``--eval_every`` optimizer steps the policy plays ``--eval_episodes`` paired episodes per
 env with ``evaluate_policy`` (greedy act head: the reported figure), always on the same evaluation seed, so every
 point of a curve plays the same episodes as the random and oracle policies. The figure is the normalised score
@@ -344,7 +344,7 @@ def main() -> None:
     hp.add_argument("--report_w", type=float, default=1.0)
     hp.add_argument("--max_batch_tokens", type=int, default=2048, help="padded tokens per forward (0: one forward)")
     hp.add_argument(
-        "--mix", default="hmm=3,kelly=3", help="training copies per env, e.g. hmm=3,bandit=0 (evaluation: all)"
+        "--mix", default="hmm=4,kelly=3", help="training copies per env, e.g. hmm=3,bandit=0 (evaluation: all)"
     )
     hp.add_argument("--layers", type=int, default=4, help="backbone decoder layers")
     hp.add_argument("--hidden", type=int, default=128, help="backbone width (MLP 2x, 32-wide heads)")
