@@ -32,7 +32,9 @@ class AleaEnvGRPOConfig(GRPOConfig):
 
     GRPOConfig fields keep their meaning where one exists: `num_generations` is k (actions sampled per dense decision),
     `beta` weighs the exact KL to the reference policy over the legal options, `temperature` is the sampling
-    temperature of the act head, `epsilon` / `epsilon_high` / `num_iterations` / `scale_rewards` act as in TRL.
+    temperature of the act head, `epsilon` / `epsilon_high` / `num_iterations` / `scale_rewards` act as in TRL
+    (`scale_rewards="batch"` takes the std over the rewards of one env at a time: envs report rewards in their own
+    units).
     `per_device_train_batch_size` counts *decisions* per loss forward. `bf16` defaults to TRL's `True` when a GPU is
     available and to `False` on a CPU-only machine. Text-generation options (vLLM, tools,
     `max_completion_length`, `loss_type`, ...) have no meaning here: the vLLM and continuous-batching switches and

@@ -7,8 +7,9 @@ Design decisions:
    trainer's ``sample_in_loss_forward``, see ``fused_inputs``) or from a separate no-grad forward (``wave``: up to
    ``max_batch`` decisions).
 2. Dense decisions: k actions from one set of act logits; their exact expected rewards ``action_rewards()[a]`` give
-   the group advantage ``(r - mean) / (std + 1e-4)`` (``scale_rewards``: "group", "batch" or "none"). The episode
-   advances by the best of the k (the seed's) or by the first sample.
+   the group advantage ``(r - mean) / (std + 1e-4)`` (``scale_rewards``: "group", "batch" or "none"; "batch" takes
+   the std over the wave's rewards of the same env, see ``env_batch_std``). The episode advances by the best of the k
+   (the seed's) or by the first sample.
 3. Outcome decisions: one action, stored with its behaviour log-prob; when the episode ends each stored decision
    becomes a row whose advantage is the return normalised against the env's recent returns. The behaviour log-prob
    lets the loss importance-correct a replay that happens after the policy moved.
@@ -59,17 +60,32 @@ def act_index(packed: PackedRequest) -> int:
     return next(i for i, q in enumerate(packed.questions) if q.qid == ACT_QID)
 
 
-def group_advantages(rewards: torch.Tensor, scale_rewards: str, batch_std: float | None = None) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, scale_rewards: str, batch_std: float | torch.Tensor | None = None
+) -> torch.Tensor:
     """GRPO advantages of the k rewards of a decision (the last dimension; a `(D, k)` tensor holds D decisions):
     centred on their mean, scaled as ``scale_rewards`` says. A group whose rewards are all equal has no signal and
-    gets exactly zero (rounding in the mean would otherwise be amplified by the scaling)."""
+    gets exactly zero (rounding in the mean would otherwise be amplified by the scaling). With ``"batch"``,
+    ``batch_std`` is one float or a `(D, 1)` tensor (each decision's env's std, see `env_batch_std`)."""
     centred = rewards - rewards.mean(-1, keepdim=True)
     if scale_rewards == "group":
         centred = centred / (rewards.std(-1, keepdim=True) + 1e-4)
     elif scale_rewards == "batch":
-        centred = centred / ((batch_std or 0.0) + 1e-4)
+        centred = centred / ((batch_std if batch_std is not None else 0.0) + 1e-4)
     no_signal = (rewards == rewards[..., :1]).all(-1, keepdim=True)
     return centred.masked_fill(no_signal, 0.0)
+
+
+def env_batch_std(rewards: torch.Tensor, env_ids: torch.Tensor) -> torch.Tensor:
+    """The std of all the sampled rewards in a batch that belong to the same env, for each decision: `(D, 1)` from
+    `(D, k)` rewards and `(D,)` env ids. It is TRL's ``scale_rewards="batch"`` taken per env: the envs of a mix
+    report rewards in their own units (newsvendor in money, kelly in log growth), so one std over all of them would
+    leave every env but the largest-scale one with near-zero advantages."""
+    out = torch.empty(rewards.shape[0], 1, dtype=rewards.dtype)
+    for env in env_ids.unique().tolist():
+        rows = env_ids == env
+        out[rows] = rewards[rows].std() if rewards[rows].numel() > 1 else 0.0
+    return out
 
 
 def _log_probs(logits, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -323,7 +339,10 @@ class Rollout:
 
         if dense_rows:
             r = sampled[dense_rows]  # (D, k)
-            batch_std = float(r.std()) if args.scale_rewards == "batch" else None
+            batch_std = None
+            if args.scale_rewards == "batch":
+                env_ids = torch.tensor([self.env_index[wave.episodes[i].env_name] for i in dense_rows])
+                batch_std = env_batch_std(r, env_ids)
             for i, adv in zip(dense_rows, group_advantages(r, args.scale_rewards, batch_std).tolist()):
                 rows[i].advantages = adv
         return rows
@@ -434,6 +453,7 @@ __all__ = [
     "Rollout",
     "Wave",
     "act_index",
+    "env_batch_std",
     "fused_inputs",
     "group_advantages",
     "rows_to_inputs",

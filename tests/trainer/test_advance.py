@@ -58,3 +58,21 @@ def test_actions_follow_the_act_head_and_dense_advantages_are_per_decision(token
         assert (freq - p).abs().max() < 0.04  # 4000 draws: standard error <= 0.008
         expected = group_advantages(torch.tensor(r, dtype=torch.float32)[row.actions], "group")
         torch.testing.assert_close(torch.tensor(row.advantages), expected)
+
+
+def test_batch_scaled_advantages_use_each_envs_own_std(tokenizer, make_args):
+    """``scale_rewards="batch"`` on a kelly + newsvendor wave: a row's advantages are scaled by the std of its own
+    env's sampled rewards (log growth and money differ by orders of magnitude)."""
+    args = make_args(scale_rewards="batch")
+    factories = {"kelly": lambda: make_env("kelly"), "newsvendor": lambda: make_env("newsvendor")}
+    rollout = Rollout(EpisodePool(factories, eps_per_env=3, rng=np.random.default_rng(0)), tokenizer, args, seed=0)
+    wave = rollout.observe_wave(6)
+    rows = rollout.advance(wave, _act_logits(wave, seed=5), None)
+    sampled = {"kelly": [], "newsvendor": []}
+    for ep, row, r in zip(wave.episodes, rows, wave.rewards):
+        sampled[ep.env_name].append(torch.tensor(r, dtype=torch.float32)[row.actions])
+    std = {name: float(torch.stack(s).std()) for name, s in sampled.items()}
+    assert std["newsvendor"] > 10 * std["kelly"]
+    for ep, row, r in zip(wave.episodes, rows, wave.rewards):
+        expected = group_advantages(torch.tensor(r, dtype=torch.float32)[row.actions], "batch", std[ep.env_name])
+        torch.testing.assert_close(torch.tensor(row.advantages), expected)

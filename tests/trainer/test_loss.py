@@ -3,7 +3,7 @@
 import torch
 
 from alea_trl.trainer.loss import exact_kl, policy_loss
-from alea_trl.trainer.rollout import group_advantages
+from alea_trl.trainer.rollout import env_batch_std, group_advantages
 
 
 def test_policy_gradient_equals_group_baseline_reinforce_at_ratio_one():
@@ -130,3 +130,21 @@ def test_group_advantages_of_a_wave_equal_one_decision_at_a_time():
         torch.testing.assert_close(wave, rows, rtol=0, atol=0)
         assert torch.all(wave[2] == 0)
         torch.testing.assert_close(wave.mean(-1), torch.zeros(6), atol=1e-6, rtol=0)
+
+
+def test_batch_scaling_is_per_env_and_invariant_to_each_envs_units():
+    """``scale_rewards="batch"`` on a mixed wave: each env's advantages equal those of a wave holding that env alone,
+    so rescaling one env's rewards (money vs log growth) leaves every advantage unchanged."""
+    g = torch.Generator().manual_seed(3)
+    rewards = torch.rand(9, 8, generator=g)
+    env_ids = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2])
+    mixed = group_advantages(rewards, "batch", env_batch_std(rewards, env_ids))
+    scaled = rewards * torch.tensor([100.0, 1.0, 10.0])[env_ids][:, None]
+    rescaled = group_advantages(scaled, "batch", env_batch_std(scaled, env_ids))
+    torch.testing.assert_close(rescaled, mixed, atol=1e-3, rtol=1e-3)
+    for env in range(3):
+        alone = rewards[env_ids == env]
+        torch.testing.assert_close(mixed[env_ids == env], group_advantages(alone, "batch", float(alone.std())))
+    # one std over the whole mixed batch would not be invariant: the large-unit env swamps the others
+    pooled = group_advantages(scaled, "batch", float(scaled.std()))
+    assert pooled[env_ids == 1].abs().max() < 0.05 * mixed[env_ids == 1].abs().max()
