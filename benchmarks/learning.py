@@ -345,7 +345,9 @@ def main() -> None:
     hp.add_argument("--batch_size", type=int, default=20, help="per_device_train_batch_size (decisions per step)")
     hp.add_argument("--report_w", type=float, default=1.0)
     hp.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (the Trainer's max_grad_norm)")
-    hp.add_argument("--scale_rewards", default="group", help="group, batch (per env) or none")
+    hp.add_argument(
+        "--scale_rewards", default="group", choices=["group", "batch", "none"], help="batch: one std per env"
+    )
     hp.add_argument("--max_batch_tokens", type=int, default=2048, help="padded tokens per forward (0: one forward)")
     hp.add_argument(
         "--mix", default="hmm=4,kelly=3", help="training copies per env, e.g. hmm=3,bandit=0 (evaluation: all)"

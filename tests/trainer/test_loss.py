@@ -141,6 +141,7 @@ def test_batch_scaling_is_per_env_and_invariant_to_each_envs_units():
     mixed = group_advantages(rewards, "batch", env_batch_std(rewards, env_ids))
     scaled = rewards * torch.tensor([100.0, 1.0, 10.0])[env_ids][:, None]
     rescaled = group_advantages(scaled, "batch", env_batch_std(scaled, env_ids))
+    # not exact only because of the +1e-4 in the denominator: the smallest std here is ~0.3, so that is < 1e-3 relative
     torch.testing.assert_close(rescaled, mixed, atol=1e-3, rtol=1e-3)
     for env in range(3):
         alone = rewards[env_ids == env]
