@@ -33,7 +33,13 @@ episodes: a policy at that level has learnt which option is good on average, not
     python benchmarks/learning.py --quick          # a ~1-minute smoke run
     python benchmarks/learning.py --seeds 0,1      # one training run per seed, curves averaged over the seeds
 
-Torch runs on one thread by default (``--threads``): on a shared CPU two threads spin-wait and ran ~4x slower.
+The printout and the JSON (``report_skill``) also give each env's report skill per question type, ``1 - loss / loss of
+the no-skill forecast`` (choice against uniform, noul against 1/2, regress against the pooled target quantiles): it
+shows whether the backbone reads the part of the state a report asks about, apart from the act head.
+
+Torch runs on one thread by default (``--threads``): on a shared CPU two threads spin-wait and ran ~4x slower. On an
+idle 2-core machine ``--threads 2`` is about 1.35x faster (60 steps: 26 s against 35 s), but its float reductions run
+in another order, so a run does not repeat the 1-thread run's numbers.
 ``--budget_s`` (default 840 s) ends a run at an evaluation when the next block of steps would pass it, so a slower
 machine still finishes the default command within 15 minutes (with a shorter curve).
 Prints a table (env x evaluation step) and, last, one JSON line with the figures; writes the curves to
@@ -88,6 +94,7 @@ class CurveCallback(TrainerCallback):
         self.budget, self.t0 = budget, time.perf_counter()
         self.points: list[tuple[int, dict[str, float], float]] = []  # (step, {env: score}, seconds)
         self.realised: list[dict[str, float]] = []  # {env: normalised score of the realised returns}, per point
+        self.skill: list[dict[str, dict[str, float]]] = []  # {env: {qtype: report skill}}, per point
 
     def evaluate(self, step: int) -> None:
         trainer = self.trainer_ref["trainer"]
@@ -110,6 +117,9 @@ class CurveCallback(TrainerCallback):
         model.train(was_training)
         scores = {env: float(table[env][SCORE_KEY[env]]) for env in ENVS}
         self.realised.append({env: float(table[env]["normalized_score"]) for env in ENVS})
+        self.skill.append(
+            {env: {k[6:]: float(v) for k, v in table[env].items() if k.startswith("skill/")} for env in ENVS}
+        )
         self.baselines = {env: (table[env]["random"], table[env]["oracle"]) for env in ENVS}
         self.points.append((step, scores, time.perf_counter() - t0))
         shown = "  ".join(f"{e} {s:+.3f}" for e, s in scores.items())
@@ -161,9 +171,9 @@ def best_constant(
     return out
 
 
-def train_one(args, seed: int) -> tuple[list, dict]:
+def train_one(args, seed: int) -> tuple[list, dict, list, list]:
     """One training run from a fresh random backbone; returns the evaluation points, the random / oracle returns of
-    the evaluation episodes and, per point, every env's normalised score of the realised returns."""
+    the evaluation episodes and, per point, every env's normalised score of the realised returns and report skills."""
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(ASSET)
     shape = {"num_hidden_layers": args.layers, "hidden_size": args.hidden, "intermediate_size": 2 * args.hidden}
@@ -205,6 +215,7 @@ def train_one(args, seed: int) -> tuple[list, dict]:
         max_batch_tokens=args.max_batch_tokens or None,  # length-grouped forwards: the same loss, less padding
         report_w=args.report_w,
         max_grad_norm=args.max_grad_norm,
+        weight_decay=args.weight_decay,
         scale_rewards=args.scale_rewards,
         use_cpu=True,
         bf16=False,
@@ -231,7 +242,7 @@ def train_one(args, seed: int) -> tuple[list, dict]:
     )
     ref["trainer"] = trainer
     trainer.train()
-    return callback.points, callback.baselines, callback.realised
+    return callback.points, callback.baselines, callback.realised, callback.skill
 
 
 def summarise(runs: list[list[tuple[int, dict[str, float], float]]]) -> dict:
@@ -346,6 +357,9 @@ def main() -> None:
     hp.add_argument("--report_w", type=float, default=1.0)
     hp.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (the Trainer's max_grad_norm)")
     hp.add_argument(
+        "--weight_decay", type=float, default=0.0, help="AdamW weight decay (not on biases or norm weights)"
+    )
+    hp.add_argument(
         "--scale_rewards", default="group", choices=["group", "batch", "none"], help="batch: one std per env"
     )
     hp.add_argument("--max_batch_tokens", type=int, default=2048, help="padded tokens per forward (0: one forward)")
@@ -384,17 +398,29 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
 
     t0 = time.perf_counter()
-    runs, realised = [], []
+    runs, realised, skills = [], [], []
     for seed in seeds:
         print(f"seed {seed}: {args.steps} steps, evaluating every {args.eval_every} on {args.episodes} episodes")
-        points, baselines, realised_scores = train_one(args, seed)
+        points, baselines, realised_scores, skill = train_one(args, seed)
         runs.append(points)
         realised.append(realised_scores)
+        skills.append(skill)
     wall = time.perf_counter() - t0
     runs = [run[: min(len(r) for r in runs)] for run in runs]  # a run stopped by the time budget is shorter
     summary = summarise(runs)
     summary["best_constant"] = best_constant(args.episodes, baselines, args.env_kwargs)
     print_table(summary)
+    n_points = len(summary["eval_steps"])
+    report_skill = {  # seed mean per evaluation point: does the backbone read the state the reports ask about?
+        env: {q: [float(np.mean([s[i][env][q] for s in skills])) for i in range(n_points)] for q in skills[0][0][env]}
+        for env in ENVS
+    }
+    print(
+        "report skill 1 - loss / no-skill loss (init -> final evaluation; the oracle's own skill is below 1):",
+        "; ".join(
+            f"{e} " + ", ".join(f"{q} {v[0]:+.2f}->{v[-1]:+.2f}" for q, v in report_skill[e].items()) for e in ENVS
+        ),
+    )
     print(
         "env instances (training and evaluation):",
         ", ".join(f"{e} {kw}" for e, kw in args.env_kwargs.items()) or "-",
@@ -426,6 +452,7 @@ def main() -> None:
             env: [float(np.mean([r[i][env] for r in realised])) for i in range(len(summary["eval_steps"]))]
             for env in ENVS
         },
+        "report_skill": report_skill,
         "eval_episodes": args.episodes,
         "seeds": seeds,
         "env_kwargs": args.env_kwargs,

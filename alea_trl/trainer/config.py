@@ -94,7 +94,8 @@ class AleaEnvGRPOConfig(GRPOConfig):
         lr_head (`float`, *optional*, defaults to `2e-5`):
             Learning rate of the four heads (`learning_rate` is the backbone's).
         lr_aux (`float`, *optional*, defaults to `1e-4`):
-            Learning rate of the input-side extras (role and n-gram embeddings).
+            Learning rate of the input-side extras (role and n-gram embeddings). Each of the three groups takes
+            `weight_decay` on the parameters `Trainer.get_decay_parameter_names` picks (not biases or norm weights).
         train_mode (`str`, *optional*, defaults to `"tail"`):
             What trains: `"heads"`, `"tail"` (the last `tail_k` decoder layers, the final norm and the heads),
             `"full"`, or `"lora"` (LoRA on the last `tail_k` layers, heads fully trained; rank, alpha and dropout

@@ -138,29 +138,35 @@ def lora_config(model: AleaModel, args, base=None):
     )
 
 
-def param_groups(model: nn.Module, args) -> list[dict]:
-    """Optimizer groups: heads at ``lr_head``, backbone / adapters at ``learning_rate``, extras at ``lr_aux``."""
-    groups = {"heads": [], "backbone": [], "extras": []}
+def param_groups(model: nn.Module, args, decay_names: set[str] | None = None) -> list[dict]:
+    """Optimizer groups: heads at ``lr_head``, backbone / adapters at ``learning_rate``, extras at ``lr_aux``.
+
+    With ``decay_names`` (the names ``Trainer.get_decay_parameter_names`` returns), each group is split in two, as
+    ``Trainer.create_optimizer`` does: the named parameters get ``args.weight_decay``, the others (biases, norm
+    weights) none. Without it every group gets ``args.weight_decay``."""
+    groups: dict[tuple[str, bool], list] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         parts = set(name.split("."))
-        if parts & set(HEADS):
-            groups["heads"].append(param)
-        elif parts & set(EXTRAS):
-            groups["extras"].append(param)
-        else:
-            groups["backbone"].append(param)
+        kind = "heads" if parts & set(HEADS) else "extras" if parts & set(EXTRAS) else "backbone"
+        decays = decay_names is None or name in decay_names
+        groups.setdefault((kind, decays), []).append(param)
     lrs = {"heads": args.lr_head, "backbone": args.learning_rate, "extras": args.lr_aux}
-    return [{"params": ps, "lr": lrs[g], "name": g} for g, ps in groups.items() if ps]
+    out = []
+    for kind in ("heads", "backbone", "extras"):
+        for decays in (True, False):
+            if groups.get((kind, decays)):
+                wd = args.weight_decay if decays else 0.0
+                out.append({"params": groups[(kind, decays)], "lr": lrs[kind], "weight_decay": wd, "name": kind})
+    return out
 
 
 def grouped_optimizer(trainer):
-    """The optimizer ``Trainer.create_optimizer`` would build (its class and kwargs from ``args``), over
-    :func:`param_groups` instead of one group."""
-    groups = param_groups(trainer.model, trainer.args)
-    for g in groups:
-        g["weight_decay"] = trainer.args.weight_decay
+    """The optimizer ``Trainer.create_optimizer`` would build (its class and kwargs from ``args``, weight decay on the
+    parameters ``get_decay_parameter_names`` picks), over :func:`param_groups` instead of one learning rate."""
+    decay_names = set(trainer.get_decay_parameter_names(trainer.model))
+    groups = param_groups(trainer.model, trainer.args, decay_names)
     optimizer_cls, optimizer_kwargs = trainer.get_optimizer_cls_and_kwargs(trainer.args, trainer.model)
     optimizer_kwargs.pop("lr", None)
     return optimizer_cls(groups, **optimizer_kwargs)

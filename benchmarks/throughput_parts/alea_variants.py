@@ -122,8 +122,6 @@ class UnpackedLoop:
         optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, model)
         optimizer_kwargs.pop("lr", None)
         groups = param_groups(model, self.args)
-        for g in groups:
-            g["weight_decay"] = self.args.weight_decay
         self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
         self.probe: Probe | None = None
         self.epsilon_high = self.args.epsilon_high if self.args.epsilon_high is not None else self.args.epsilon

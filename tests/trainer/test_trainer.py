@@ -169,3 +169,36 @@ def test_extras_switch_on_a_built_model_without_them_is_an_error(tiny_model, tok
         with_extras, args=make_args(envs=["kelly"], use_ngram=True), processing_class=tokenizer
     )
     assert trainer.accelerator.unwrap_model(trainer.model).ngram is not None
+
+
+def test_optimizer_groups_follow_trainer_weight_decay_convention(tiny_model, tokenizer, make_args):
+    """Heads / backbone / extras keep their own learning rates, and weight decay reaches exactly the parameters
+    ``Trainer.get_decay_parameter_names`` picks (no biases, no norm weights), as in ``Trainer.create_optimizer``."""
+    model = tiny_model(use_aux_embed=True, use_ngram=True)
+    args = make_args(envs=["kelly"], learning_rate=1e-3, lr_head=2e-3, lr_aux=3e-3, weight_decay=0.1)
+    trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer)
+    optimizer = trainer.create_optimizer()
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay = set(trainer.get_decay_parameter_names(model))
+    seen = set()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            name = names[id(p)]
+            seen.add(name)
+            assert group["weight_decay"] == (0.1 if name in decay else 0.0), name
+            top = name.split(".")[0]
+            expected_lr = 2e-3 if top.endswith("_head") else 1e-3 if top == "backbone" else 3e-3
+            assert group["lr"] == expected_lr, name
+    assert seen == {n for n, p in model.named_parameters() if p.requires_grad}
+    assert {n.split(".")[0] for n in seen} >= {"backbone", "choice_head", "aux_embed", "ngram"}
+    norms = [n for n in seen if "norm" in n]
+    assert norms and not set(norms) & decay  # the split is not vacuous: norm weights exist and are not decayed
+    assert any(n.startswith("backbone.") and n in decay for n in seen)
+    # one AdamW step on zero gradients moves only the decayed parameters (decoupled decay: p -= lr * wd * p)
+    before = _snapshot(model)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for name, p in model.named_parameters():
+        moved = not torch.equal(p, before[name])
+        assert moved == (name in decay and bool(before[name].abs().sum() > 0)), name
