@@ -8,6 +8,15 @@ bandit, nim: outcome rewards) plus the report losses: AdamW at ``--lr`` (backbon
 steps of warm-up then cosine decay to 0, ``--batch_size`` decisions per step. ``--mix`` sets the training share of an
 env (``hmm=4,kelly=3``, the default: hmm trains as four copies and kelly as three, 4/10 and 3/10 of the decisions;
 the two envs whose state must really be read get most of the steps).
+
+The policy gradient is kept small next to the report losses: advantages divided by one reward std per env over the
+wave (``--scale_rewards batch``, not each decision's own group) and the report losses weighted by ``--report_w 10``.
+With group scaling every decision whose k samples differ at all, hmm's near-ties included, gets advantages of about
++-1; on this from-scratch backbone that term drowns the report losses, the residual stream grows a few dimensions to
+|h| ~ 40 on every token within 100 steps, and the act and report heads stop depending on the state (hmm then plays
+one regime at every decision on some seeds). Seeds 0 and 1, 1000 steps: hmm 0.20 / 0.16 (group, report_w 1) against
+0.44 / 0.37 (batch, report_w 10); bandit 0.06 / -0.26 against 0.79 / 1.01.
+
 Before training and every ``--eval_every`` optimizer steps the policy plays ``--eval_episodes`` paired episodes per
 env with ``evaluate_policy`` (greedy act head: the reported figure), always on the same evaluation seed, so every
 point of a curve plays the same episodes as the random and oracle policies. The figure is the normalised score
@@ -354,13 +363,13 @@ def main() -> None:
     hp.add_argument("--eps_per_env", type=int, default=8)
     hp.add_argument("--max_batch", type=int, default=40)
     hp.add_argument("--batch_size", type=int, default=20, help="per_device_train_batch_size (decisions per step)")
-    hp.add_argument("--report_w", type=float, default=1.0)
+    hp.add_argument("--report_w", type=float, default=10.0, help="report loss weight (see the module docstring)")
     hp.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (the Trainer's max_grad_norm)")
     hp.add_argument(
         "--weight_decay", type=float, default=0.0, help="AdamW weight decay (not on biases or norm weights)"
     )
     hp.add_argument(
-        "--scale_rewards", default="group", choices=["group", "batch", "none"], help="batch: one std per env"
+        "--scale_rewards", default="batch", choices=["group", "batch", "none"], help="batch: one std per env"
     )
     hp.add_argument("--max_batch_tokens", type=int, default=2048, help="padded tokens per forward (0: one forward)")
     hp.add_argument(
