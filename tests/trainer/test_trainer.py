@@ -193,6 +193,7 @@ def test_optimizer_groups_follow_trainer_weight_decay_convention(tiny_model, tok
     assert {n.split(".")[0] for n in seen} >= {"backbone", "choice_head", "aux_embed", "ngram"}
     norms = [n for n in seen if "norm" in n]
     assert norms and not set(norms) & decay  # the split is not vacuous: norm weights exist and are not decayed
+    assert "choice_head.bias" in seen and "choice_head.bias" not in decay  # nor are biases
     assert any(n.startswith("backbone.") and n in decay for n in seen)
     # one AdamW step on zero gradients moves only the decayed parameters (decoupled decay: p -= lr * wd * p)
     before = _snapshot(model)
