@@ -81,6 +81,7 @@ def main(script_args: ScriptArguments, training_args: AleaEnvGRPOConfig, model_a
         print(f"saved to {training_args.output_dir}")
     if training_args.push_to_hub:
         trainer.push_to_hub()
+    trainer.end()  # trackers finished, process group destroyed (gloo can abort at exit without it)
     return table
 
 

@@ -89,6 +89,7 @@ def main(script_args: SFTScriptArguments, training_args: AleaSFTConfig, model_ar
     trainer.save_model(training_args.output_dir)
     if training_args.push_to_hub:
         trainer.push_to_hub()
+    trainer.end()  # trackers finished, process group destroyed (gloo can abort at exit without it)
     return trainer
 
 

@@ -74,3 +74,22 @@ def tiny_model_factory(tokenizer):
         return AleaModel.from_backbone(config, backbone_kwargs={"dtype": torch.float32})
 
     return _make
+
+
+# A reloaded model's weights are compared bit for bit; its answers to float32 rounding only. safetensors hands back
+# weights at whatever offsets the file has (seen here: addresses 8, 12, 16 or 44 mod 64), and the CPU matmul kernels
+# take another code path for unaligned buffers, which moves a probability by ~1e-8 (the same model with its weights
+# cloned to fresh, aligned memory answers bit-identically).
+RELOAD_ATOL = 1e-6
+
+
+def assert_reloads_identically(loaded, model, decisions, tokenizer) -> None:
+    """``loaded`` (a reloaded checkpoint) holds exactly ``model``'s weights and gives its answers on ``decisions``."""
+    want, got = model.state_dict(), loaded.state_dict()
+    assert want.keys() == got.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=0, rtol=0, msg=name)
+    for x, y in zip(model.predict(decisions, tokenizer), loaded.predict(decisions, tokenizer), strict=True):
+        assert x.keys() == y.keys()
+        for qid in x:
+            torch.testing.assert_close(torch.as_tensor(y[qid]), torch.as_tensor(x[qid]), atol=RELOAD_ATOL, rtol=0)

@@ -10,7 +10,7 @@ from alea_trl import TAUS, AleaConfig, AleaModel
 from alea_trl.packing import collate_segments, pack_request
 from alea_trl.testing import tiny_backbone_config
 
-from .conftest import random_decision
+from .conftest import assert_reloads_identically, random_decision
 from .test_packing import _packed_answers, _reference_answers
 
 
@@ -85,13 +85,12 @@ def test_round_trip_from_local_backbone_dir(tmp_path, tokenizer):
     tokenizer.save_pretrained(tmp_path / "alea")
     assert (tmp_path / "alea" / "model.safetensors").exists()
     decisions = _decisions(3, 3)
-    want = model.predict(decisions, tokenizer)
 
     again = AleaModel.from_pretrained(tmp_path / "alea")
     auto = AutoModel.from_pretrained(tmp_path / "alea")
     assert type(auto) is AleaModel and isinstance(auto.config, AleaConfig) and auto.config.use_aux_embed
-    _assert_same_answers(want, again.predict(decisions, tokenizer))
-    _assert_same_answers(want, auto.predict(decisions, tokenizer))
+    assert_reloads_identically(again, model, decisions, tokenizer)
+    assert_reloads_identically(auto, model, decisions, tokenizer)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(make_model, tokenizer):

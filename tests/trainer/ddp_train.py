@@ -50,6 +50,9 @@ def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
         {"params": state, "init": init, "log": trainer.state.log_history, "world": trainer.accelerator.num_processes},
         f"{out_dir}/rank{rank}.pt",
     )
+    # without it a gloo worker thread can still hold work at interpreter exit, and the process aborts with
+    # "terminate called without an active exception" (seen in CI, one run in several)
+    trainer.end()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from transformers import AutoModel
 
 from alea_trl import AleaEnvGRPOTrainer, AleaModel
 
+from ..conftest import assert_reloads_identically
 from .test_modeling_helpers import fresh_decisions
 
 
@@ -59,10 +60,10 @@ def test_save_model_reloads_through_auto_model(tiny_model, tokenizer, make_args,
     decisions = fresh_decisions(["nim"], 3)
     for loaded in (AleaModel.from_pretrained(out), AutoModel.from_pretrained(out)):
         assert isinstance(loaded, AleaModel)
-        _assert_same(_answers(loaded, tokenizer, decisions), _answers(model, tokenizer, decisions))
+        assert_reloads_identically(loaded, model, decisions, tokenizer)
     # an Alea checkpoint is itself a valid `model` argument (the seed's --init)
     again = AleaEnvGRPOTrainer(str(out), args=make_args(envs=["nim"], max_steps=1), processing_class=tokenizer)
-    _assert_same(_answers(again.model, tokenizer, decisions), _answers(model, tokenizer, decisions))
+    assert_reloads_identically(again.model, model, decisions, tokenizer)
 
 
 def test_resume_from_checkpoint_continues_the_same_run(tiny_model, tokenizer, make_args, tmp_path):
