@@ -18,6 +18,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
 from alea_trl.evaluation import format_table
+from alea_trl.trainer.distributed import end_distributed
 
 
 @dataclass
@@ -81,7 +82,6 @@ def main(script_args: ScriptArguments, training_args: AleaEnvGRPOConfig, model_a
         print(f"saved to {training_args.output_dir}")
     if training_args.push_to_hub:
         trainer.push_to_hub()
-    trainer.end()  # trackers finished, process group destroyed (gloo can abort at exit without it)
     return table
 
 
@@ -91,3 +91,4 @@ def make_parser() -> TrlParser:
 
 if __name__ == "__main__":
     main(*make_parser().parse_args_and_config())
+    end_distributed()  # after main's trainer is gone (see alea_trl/trainer/distributed.py)

@@ -20,6 +20,7 @@ from trl import ModelConfig, TrlParser
 from alea_trl import AleaModel
 from alea_trl.decision_data import collect_decisions
 from alea_trl.envs import BUILTIN_ENVS
+from alea_trl.trainer.distributed import end_distributed
 from alea_trl.trainer.sft_trainer import AleaSFTConfig, AleaSFTTrainer
 
 
@@ -89,7 +90,6 @@ def main(script_args: SFTScriptArguments, training_args: AleaSFTConfig, model_ar
     trainer.save_model(training_args.output_dir)
     if training_args.push_to_hub:
         trainer.push_to_hub()
-    trainer.end()  # trackers finished, process group destroyed (gloo can abort at exit without it)
     return trainer
 
 
@@ -99,3 +99,4 @@ def make_parser() -> TrlParser:
 
 if __name__ == "__main__":
     main(*make_parser().parse_args_and_config())
+    end_distributed()  # after main's trainer is gone (see alea_trl/trainer/distributed.py)

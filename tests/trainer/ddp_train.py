@@ -7,6 +7,7 @@ import torch
 
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
 from alea_trl.testing import build_tiny_tokenizer, tiny_backbone_config
+from alea_trl.trainer.distributed import end_distributed
 
 
 def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
@@ -50,10 +51,8 @@ def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
         {"params": state, "init": init, "log": trainer.state.log_history, "world": trainer.accelerator.num_processes},
         f"{out_dir}/rank{rank}.pt",
     )
-    # without it a gloo worker thread can still hold work at interpreter exit, and the process aborts with
-    # "terminate called without an active exception" (seen in CI, one run in several)
-    trainer.end()
 
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    end_distributed()  # left to interpreter exit, gloo sometimes aborted this script (alea_trl/trainer/distributed.py)
