@@ -66,11 +66,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from accelerate import PartialState
 from transformers import AutoConfig, AutoTokenizer, TrainerCallback
 
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
 from alea_trl.envs.registry import RegisteredEnvFactory
-from alea_trl.evaluation import evaluate_policy
+from alea_trl.evaluation import evaluation_sums, table_from_means
+from alea_trl.trainer.distributed import end_distributed
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,9 +113,9 @@ class CurveCallback(TrainerCallback):
         was_training = model.training
         model.eval()
         t0 = time.perf_counter()
-        table = {}  # one call per env: each env has its own episode count (episode i: seed [EVAL_SEED, 0, i])
-        for env in ENVS:
-            table |= evaluate_policy(
+        sums = {}  # one call per env: each env has its own episode count (episode i: seed [EVAL_SEED, 0, i])
+        for env in ENVS:  # under several processes each plays its share of the episodes; the sums are reduced
+            sums |= evaluation_sums(
                 model,
                 self.tokenizer,
                 {env: self.factories[env]},
@@ -122,7 +124,9 @@ class CurveCallback(TrainerCallback):
                 greedy=True,
                 max_len=self.max_len,
                 batch_size=self.batch_size,
+                shard=(trainer.accelerator.process_index, trainer.accelerator.num_processes),
             )
+        table = table_from_means(trainer._gathered_means(sums))
         model.train(was_training)
         scores = {env: float(table[env][SCORE_KEY[env]]) for env in ENVS}
         self.realised.append({env: float(table[env]["normalized_score"]) for env in ENVS})
@@ -131,8 +135,9 @@ class CurveCallback(TrainerCallback):
         )
         self.baselines = {env: (table[env]["random"], table[env]["oracle"]) for env in ENVS}
         self.points.append((step, scores, time.perf_counter() - t0))
-        shown = "  ".join(f"{e} {s:+.3f}" for e, s in scores.items())
-        print(f"  step {step:>4}  {shown}  ({self.points[-1][2]:.0f}s)", flush=True)
+        if trainer.accelerator.is_main_process:
+            shown = "  ".join(f"{e} {s:+.3f}" for e, s in scores.items())
+            print(f"  step {step:>4}  {shown}  ({self.points[-1][2]:.0f}s)", flush=True)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.t0 = time.perf_counter()
@@ -143,9 +148,12 @@ class CurveCallback(TrainerCallback):
         if step % self.every == 0 or step == state.max_steps:
             self.evaluate(step)
             elapsed = time.perf_counter() - self.t0  # stop here if the next block (steps + evaluation) would overrun
+            accelerator = self.trainer_ref["trainer"].accelerator
+            elapsed = float(accelerator.reduce(torch.tensor([elapsed]), reduction="mean"))  # one decision for all
             next_block = elapsed / (len(self.points) - 1)
             if self.budget and step < state.max_steps and elapsed + next_block > self.budget:
-                print(f"  time budget: {elapsed:.0f}s spent, the next block would pass {self.budget:.0f}s; stopping")
+                if accelerator.is_main_process:
+                    print(f"  time budget: {elapsed:.0f}s spent, the next block would pass {self.budget:.0f}s; stop")
                 control.should_training_stop = True
 
 
@@ -394,6 +402,7 @@ def main() -> None:
     )
     parser.add_argument("--logging_steps", type=int, default=0, help="trainer log every N steps (0: at the end)")
     args = parser.parse_args()
+    args.hparam_names = [a.dest for a in hp._group_actions]
     if args.quick:
         args.steps, args.eval_every, args.eval_episodes, args.warmup, args.eval_episodes_outcome = 20, 10, 20, 2, 0
     if args.envs:  # a probe on a subset of the envs (training and evaluation)
@@ -406,15 +415,28 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
 
+    state = PartialState(cpu=True)  # one process, or one of several under `accelerate launch`
     t0 = time.perf_counter()
     runs, realised, skills = [], [], []
     for seed in seeds:
-        print(f"seed {seed}: {args.steps} steps, evaluating every {args.eval_every} on {args.episodes} episodes")
+        if state.is_main_process:
+            print(
+                f"seed {seed}: {args.steps} steps x {args.batch_size} decisions x {state.num_processes} process(es), "
+                f"evaluating every {args.eval_every} on {args.episodes} episodes"
+            )
         points, baselines, realised_scores, skill = train_one(args, seed)
         runs.append(points)
         realised.append(realised_scores)
         skills.append(skill)
     wall = time.perf_counter() - t0
+    if state.is_main_process:  # every process holds the same (reduced) curves
+        report(args, seeds, runs, realised, skills, baselines, wall, state.num_processes)
+    end_distributed()
+
+
+def report(args, seeds, runs, realised, skills, baselines, wall, n_processes) -> None:
+    """The table, the PNG and the JSON line of the runs (one per seed)."""
+    n_out = args.eval_episodes_outcome or args.eval_episodes
     runs = [run[: min(len(r) for r in runs)] for run in runs]  # a run stopped by the time budget is shorter
     summary = summarise(runs)
     summary["best_constant"] = best_constant(args.episodes, baselines, args.env_kwargs)
@@ -439,8 +461,8 @@ def main() -> None:
     instances = "small (SMALL)" if args.env_kwargs == SMALL else "custom" if args.env_kwargs else "library defaults"
     title = (
         f"tiny Qwen3 ({args.layers}x{args.hidden}, random init), GRPO on CPU: {args.steps} steps, lr {args.lr:g}, "
-        f"{args.batch_size} decisions/step\ngreedy eval on {args.eval_episodes} paired episodes per env (outcome envs "
-        f"{n_out}), seeds {','.join(map(str, seeds))}; env instances: {instances}"
+        f"{args.batch_size * n_processes} decisions/step\ngreedy eval on {args.eval_episodes} paired episodes per env "
+        f"(outcome envs {n_out}), seeds {','.join(map(str, seeds))}; env instances: {instances}"
     )
     png = plot(summary, runs, os.path.join(args.out, "learning_curves.png"), title)
     eval_s = sum(p[2] for run in runs for p in run)
@@ -466,7 +488,8 @@ def main() -> None:
         "seeds": seeds,
         "env_kwargs": args.env_kwargs,
         "wall_s": round(wall, 1),
-        "hparams": {k: getattr(args, k) for k in [a.dest for a in hp._group_actions]},
+        "processes": n_processes,
+        "hparams": {k: getattr(args, k) for k in args.hparam_names},
     }
     with open(os.path.join(args.out, "learning.json"), "w") as f:
         json.dump(result, f, indent=1)
