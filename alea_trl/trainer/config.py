@@ -109,6 +109,19 @@ class AleaEnvGRPOConfig(GRPOConfig):
             New models only: add a zero-initialised hashed bigram embedding.
         use_ngram2 (`bool`, *optional*, defaults to `False`):
             New models only: add a zero-initialised hashed trigram embedding.
+
+    > Distributed data parallel (TrainingArguments fields with other defaults)
+
+    Parameters:
+        ddp_broadcast_buffers (`bool`, *optional*, defaults to `False`):
+            DDP broadcasts module buffers from rank 0 before every forward when `True`, which makes every forward a
+            collective; processes run different numbers of forwards in a step (length groups under
+            `max_batch_tokens`, rollout waves, skipped decisions) and would wait for each other forever. The
+            buffers of a decoder backbone (rotary frequencies) are constants computed from its config, so there
+            is nothing to broadcast.
+        ddp_find_unused_parameters (`bool`, *optional*, defaults to `False`):
+            Every step touches every trainable parameter (unused heads at weight 0), so DDP's search for unused
+            parameters after each forward is not needed.
     """
 
     envs: list[str] = field(
@@ -175,6 +188,17 @@ class AleaEnvGRPOConfig(GRPOConfig):
     num_generations: int | None = field(default=8, metadata={"help": "k: actions sampled per dense decision."})
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Decisions per loss forward."})
     logging_steps: float = field(default=10, metadata={"help": "Log every this many optimizer steps."})
+    ddp_broadcast_buffers: bool | None = field(
+        default=False,
+        metadata={
+            "help": "DDP: broadcast buffers before every forward (a collective per forward; processes run "
+            "different numbers of forwards here). Off: decoder buffers are constants."
+        },
+    )
+    ddp_find_unused_parameters: bool | None = field(
+        default=False,
+        metadata={"help": "DDP: search the graph for unused parameters. Off: every step touches every parameter."},
+    )
 
     def __post_init__(self):
         # Rows of an Alea generation batch are decisions, each holding its own k samples, so GRPOConfig's check that

@@ -7,6 +7,7 @@ import torch
 
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
 from alea_trl.testing import build_tiny_tokenizer, tiny_backbone_config
+from alea_trl.trainer import chunked_forward
 from alea_trl.trainer.distributed import end_distributed
 
 
@@ -41,6 +42,9 @@ def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
         tail_k=1,
         gradient_checkpointing=True,  # the configuration in which DDP needs every parameter touched each step
     )
+    forwards = []  # length-grouped forwards per loss forward: they differ between the ranks in "chunked" mode
+    split = chunked_forward.length_groups
+    chunked_forward.length_groups = lambda *a: forwards.append(len(split(*a))) or split(*a)
     trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer)
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     init = {n: p.detach().clone() for n, p in unwrapped.named_parameters()}
@@ -48,7 +52,13 @@ def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
     rank = trainer.accelerator.process_index
     state = {n: p.detach().cpu() for n, p in trainer.accelerator.unwrap_model(trainer.model).named_parameters()}
     torch.save(
-        {"params": state, "init": init, "log": trainer.state.log_history, "world": trainer.accelerator.num_processes},
+        {
+            "params": state,
+            "init": init,
+            "log": trainer.state.log_history,
+            "world": trainer.accelerator.num_processes,
+            "forwards": forwards,
+        },
         f"{out_dir}/rank{rank}.pt",
     )
 
