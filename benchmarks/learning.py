@@ -5,17 +5,24 @@ What it measures: a Qwen3-shaped backbone built from recipes/assets/tiny-qwen3 (
 and trigram embeddings, segment-role embeddings: they let a tiny model see "pays 2", "Beta(4" or "2 heads" as one
 feature) is trained on CPU, all weights, with GRPO on all five built-in envs (hmm, kelly, newsvendor: dense rewards;
 bandit, nim: outcome rewards) plus the report losses: AdamW at ``--lr`` (backbone, heads and extras), ``--warmup``
-steps of warm-up then cosine decay to 0, ``--batch_size`` decisions per step. ``--mix`` sets the training share of an
-env (``hmm=4,kelly=3``, the default: hmm trains as four copies and kelly as three, 4/10 and 3/10 of the decisions;
-the two envs whose state must really be read get most of the steps).
+steps of warm-up then cosine decay to 0, ``--batch_size`` decisions per step and process. ``--mix`` sets the training
+share of an env (``hmm=6,kelly=3``, the default: hmm trains as six copies and kelly as three, 6/12 and 3/12 of the
+decisions; the two envs whose state must really be read get most of the steps).
+
+Two processes. On a 2-core CPU the default command is
+``accelerate launch --config_file accelerate_configs/cpu_2proc.yaml benchmarks/learning.py``: one training process
+per core (DDP over gloo, each process with its own episode pool seeded by its rank), so a step trains on 2 x 20
+decisions, and the evaluation episodes are shared out between the processes and their figures reduced (the same
+episodes and the same figures as one process). 1250 steps take 12-13 minutes there; one process (``python
+benchmarks/learning.py``) trains half the decisions a step and is cut short by ``--budget_s``.
 
 The policy gradient is kept small next to the report losses: advantages divided by one reward std per env over the
 wave (``--scale_rewards batch``, not each decision's own group) and the report losses weighted by ``--report_w 10``.
 With group scaling every decision whose k samples differ at all, hmm's near-ties included, gets advantages of about
 +-1; on this from-scratch backbone that term drowns the report losses, the residual stream grows a few dimensions to
 |h| ~ 40 on every token within 100 steps, and the act and report heads stop depending on the state (hmm then plays
-one regime at every decision on some seeds). Seeds 0 and 1, 1000 steps: hmm 0.20 / 0.16 (group, report_w 1) against
-0.44 / 0.37 (batch, report_w 10); bandit 0.06 / -0.26 against 0.79 / 1.01.
+one regime at every decision on some seeds). Seeds 0 and 1, 1000 steps of one process at lr 3e-3: hmm 0.20 / 0.16
+(group, report_w 1) against 0.44 / 0.37 (batch, report_w 10); bandit 0.06 / -0.26 against 0.79 / 1.01.
 
 Before training and every ``--eval_every`` optimizer steps the policy plays ``--eval_episodes`` paired episodes per
 env with ``evaluate_policy`` (greedy act head: the reported figure), always on the same evaluation seed, so every
@@ -38,8 +45,8 @@ of the last two evaluations (it smooths the jitter of a greedy policy between ch
 evaluation after init. The "const" column is the best state-blind policy ("always play option i") on the same
 episodes: a policy at that level has learnt which option is good on average, not to read the state.
 
-    python benchmarks/learning.py                  # the default run: ~13 minutes on a 2-core CPU
-    python benchmarks/learning.py --quick          # a ~1-minute smoke run
+    accelerate launch --config_file accelerate_configs/cpu_2proc.yaml benchmarks/learning.py   # ~13 min, 2 cores
+    python benchmarks/learning.py --quick          # a ~1-minute smoke run, one process
     python benchmarks/learning.py --seeds 0,1      # one training run per seed, curves averaged over the seeds
 
 The printout and the JSON (``report_skill``) also give each env's report skill per question type, ``1 - loss / loss of
@@ -186,6 +193,28 @@ def best_constant(
             best = max(best, score)
         out[name] = float(best)
     return out
+
+
+def hmm_reference_policies(episodes: int, env_kwargs: dict) -> dict[str, float]:
+    """hmm's expected score (the curve's figure) of three hand-written policies on the evaluation episodes: the regime
+    with the highest start probability (reads one row of the state, ignores the symbols), the regime whose emission
+    row gives the last symbol the highest probability, and the product of the two. They show which part of the state
+    a learnt policy uses: one that stops near "start" compares two start probabilities but does not look the symbol
+    up in the emission table."""
+    from alea_trl.envs import make_env
+
+    env = make_env("hmm", **env_kwargs.get("hmm", {}))
+    sums = {name: np.zeros(3) for name in ("start", "last_emission", "start_x_last_emission")}
+    for i in range(episodes):  # the seeds evaluate_policy gives episode i of the only env
+        env.reset(np.random.default_rng([EVAL_SEED, 0, i]))
+        while not env.done:
+            r = np.asarray(env.action_rewards())
+            last = env.emit[:, env._symbols[-1]]
+            picks = {"start": env.init, "last_emission": last, "start_x_last_emission": env.init * last}
+            for name, weights in picks.items():
+                sums[name] += (r[int(np.argmax(weights))], r.mean(), r.max())
+            env.step(int(np.argmax(r)))
+    return {name: float((a - m) / (b - m)) for name, (a, m, b) in sums.items()}
 
 
 def train_one(args, seed: int) -> tuple[list, dict, list, list]:
@@ -344,7 +373,7 @@ def plot(summary: dict, runs: list, path: str, title: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps per run")
+    parser.add_argument("--steps", type=int, default=1250, help="optimizer steps per run")
     parser.add_argument("--eval_every", type=int, default=250, help="evaluate every this many optimizer steps")
     parser.add_argument("--eval_episodes", type=int, default=100, help="evaluation episodes per dense env")
     parser.add_argument(
@@ -363,8 +392,8 @@ def main() -> None:
         "--threads", type=int, default=1, help="torch CPU threads (1: on a shared CPU, more threads spin and stall)"
     )
     hp = parser.add_argument_group("hyper-parameters")
-    hp.add_argument("--lr", type=float, default=3e-3, help="backbone (and extras) learning rate")
-    hp.add_argument("--lr_head", type=float, default=3e-3)
+    hp.add_argument("--lr", type=float, default=1.5e-3, help="backbone (and extras) learning rate")
+    hp.add_argument("--lr_head", type=float, default=1.5e-3)
     hp.add_argument("--beta", type=float, default=0.0)
     hp.add_argument("--temperature", type=float, default=1.0)
     hp.add_argument("--num_generations", type=int, default=8)
@@ -381,7 +410,7 @@ def main() -> None:
     )
     hp.add_argument("--max_batch_tokens", type=int, default=2048, help="padded tokens per forward (0: one forward)")
     hp.add_argument(
-        "--mix", default="hmm=4,kelly=3", help="training copies per env, e.g. hmm=3,bandit=0 (evaluation: all)"
+        "--mix", default="hmm=6,kelly=3", help="training copies per env, e.g. hmm=3,bandit=0 (evaluation: all)"
     )
     hp.add_argument("--layers", type=int, default=4, help="backbone decoder layers")
     hp.add_argument("--hidden", type=int, default=128, help="backbone width (MLP 2x, 32-wide heads)")
@@ -441,6 +470,9 @@ def report(args, seeds, runs, realised, skills, baselines, wall, n_processes) ->
     summary = summarise(runs)
     summary["best_constant"] = best_constant(args.episodes, baselines, args.env_kwargs)
     print_table(summary)
+    hmm_ref = hmm_reference_policies(args.episodes["hmm"], args.env_kwargs) if "hmm" in ENVS else {}
+    if hmm_ref:
+        print("hmm hand-written policies on the same episodes:", ", ".join(f"{k} {v:.3f}" for k, v in hmm_ref.items()))
     n_points = len(summary["eval_steps"])
     report_skill = {  # seed mean per evaluation point: does the backbone read the state the reports ask about?
         env: {q: [float(np.mean([s[i][env][q] for s in skills])) for i in range(n_points)] for q in skills[0][0][env]}
@@ -477,6 +509,7 @@ def report(args, seeds, runs, realised, skills, baselines, wall, n_processes) ->
         "curves": {"step": summary["eval_steps"], **summary["curves"]},
         "png": png,
         "best_constant": summary["best_constant"],
+        "hmm_reference": hmm_ref,
         "eval": "greedy",
         "score": SCORE_KEY,
         "curves_realised": {  # normalized_score of the realised returns (the dense envs' noisy figure), seed mean
