@@ -33,10 +33,10 @@ def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
         per_device_train_batch_size=4,
         num_generations=4,
         max_steps=3 if mode in ("plain", "chunked") else 4,
-        max_len=1024 if mode != "chunked" else 800,
-        max_batch_tokens=800
-        if mode == "chunked"
-        else None,  # two nim decisions (350-500 tokens) share a forward iff both <= 400
+        # "chunked": two nim decisions (350-500 tokens) share a forward iff both are <= 400 tokens, so the ranks'
+        # micro-batches split into different numbers of forwards
+        max_len=800 if mode == "chunked" else 1024,
+        max_batch_tokens=800 if mode == "chunked" else None,
         logging_steps=1,
         learning_rate=1e-3,
         lr_head=1e-3,
