@@ -164,6 +164,26 @@ class CurveCallback(TrainerCallback):
                 control.should_training_stop = True
 
 
+def play_eval_episodes(env, n: int, choose) -> tuple[float, np.ndarray]:
+    """Play the ``n`` evaluation episodes of ``env`` (seeded as ``evaluate_policy`` seeds episode i of an env
+    evaluated on its own, see ``CurveCallback.evaluate``) with ``choose(env) -> action``; return the summed realised
+    return and, for a dense env, the summed expected rewards ``(chosen, mean, best)`` over its decisions."""
+    total, expected = 0.0, np.zeros(3)
+    for i in range(n):
+        env.reset(np.random.default_rng([EVAL_SEED, 0, i]))
+        while not env.done:
+            choice = choose(env)
+            if env.dense:
+                r = np.asarray(env.action_rewards(), dtype=float)
+                expected += (r[choice], r.mean(), r.max())
+            total += env.step(choice)[0]
+    return total, expected
+
+
+def _expected_score(expected: np.ndarray) -> float:
+    return float((expected[0] - expected[1]) / (expected[2] - expected[1]))
+
+
 def best_constant(
     episodes: dict[str, int], baselines: dict[str, tuple[float, float]], env_kwargs: dict
 ) -> dict[str, float]:
@@ -174,24 +194,13 @@ def best_constant(
 
     out = {}
     for name in ENVS:
-        env_idx, n = 0, episodes[name]  # each env is evaluated on its own (see CurveCallback.evaluate)
-        env, (rand, orac), best = make_env(name, **env_kwargs.get(name, {})), baselines[name], -math.inf
-        for a in range(env.reset(np.random.default_rng([EVAL_SEED, env_idx, 0])).observe().n_legal):
-            total, expected = 0.0, np.zeros(3)  # realised return; expected rewards: chosen, mean, best
-            for i in range(n):  # the seeds evaluate_policy gives episode i of env number env_idx
-                env.reset(np.random.default_rng([EVAL_SEED, env_idx, i]))
-                while not env.done:
-                    choice = min(a, env.observe().n_legal - 1)
-                    if env.dense:
-                        r = np.asarray(env.action_rewards(), dtype=float)
-                        expected += (r[choice], r.mean(), r.max())
-                    total += env.step(choice)[0]
-            if SCORE_KEY[name] == "expected_score":
-                score = (expected[0] - expected[1]) / (expected[2] - expected[1])
-            else:
-                score = (total / n - rand) / (orac - rand)
-            best = max(best, score)
-        out[name] = float(best)
+        env, (rand, orac), n = make_env(name, **env_kwargs.get(name, {})), baselines[name], episodes[name]
+        scores = []
+        for a in range(env.reset(np.random.default_rng([EVAL_SEED, 0, 0])).observe().n_legal):
+            total, expected = play_eval_episodes(env, n, lambda e, a=a: min(a, e.observe().n_legal - 1))
+            dense = SCORE_KEY[name] == "expected_score"
+            scores.append(_expected_score(expected) if dense else (total / n - rand) / (orac - rand))
+        out[name] = float(max(scores))
     return out
 
 
@@ -204,17 +213,15 @@ def hmm_reference_policies(episodes: int, env_kwargs: dict) -> dict[str, float]:
     from alea_trl.envs import make_env
 
     env = make_env("hmm", **env_kwargs.get("hmm", {}))
-    sums = {name: np.zeros(3) for name in ("start", "last_emission", "start_x_last_emission")}
-    for i in range(episodes):  # the seeds evaluate_policy gives episode i of the only env
-        env.reset(np.random.default_rng([EVAL_SEED, 0, i]))
-        while not env.done:
-            r = np.asarray(env.action_rewards())
-            last = env.emit[:, env._symbols[-1]]
-            picks = {"start": env.init, "last_emission": last, "start_x_last_emission": env.init * last}
-            for name, weights in picks.items():
-                sums[name] += (r[int(np.argmax(weights))], r.mean(), r.max())
-            env.step(int(np.argmax(r)))
-    return {name: float((a - m) / (b - m)) for name, (a, m, b) in sums.items()}
+    policies = {  # weights over the regimes; the policy plays their argmax
+        "start": lambda e: e.init,
+        "last_emission": lambda e: e.emit[:, e._symbols[-1]],
+        "start_x_last_emission": lambda e: e.init * e.emit[:, e._symbols[-1]],
+    }
+    return {
+        name: _expected_score(play_eval_episodes(env, episodes, lambda e, w=w: int(np.argmax(w(e))))[1])
+        for name, w in policies.items()
+    }
 
 
 def train_one(args, seed: int) -> tuple[list, dict, list, list]:

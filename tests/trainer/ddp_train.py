@@ -46,7 +46,13 @@ def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
     )
     forwards = []  # length-grouped forwards per loss forward: they differ between the ranks in "chunked" mode
     split = chunked_forward.length_groups
-    chunked_forward.length_groups = lambda *a: forwards.append(len(split(*a))) or split(*a)
+
+    def counted_split(*a):
+        groups = split(*a)
+        forwards.append(len(groups))
+        return groups
+
+    chunked_forward.length_groups = counted_split
     trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer)
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     init = {n: p.detach().clone() for n, p in unwrapped.named_parameters()}
