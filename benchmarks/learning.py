@@ -51,7 +51,12 @@ episodes: a policy at that level has learnt which option is good on average, not
 
 The printout and the JSON (``report_skill``) also give each env's report skill per question type, ``1 - loss / loss of
 the no-skill forecast`` (choice against uniform, noul against 1/2, regress against the pooled target quantiles): it
-shows whether the backbone reads the part of the state a report asks about, apart from the act head.
+shows whether the backbone reads the part of the state a report asks about, apart from the act head. For hmm two
+references put those figures in scale (``hmm_reference``, ``hmm_next_regime_skill``): the expected scores of
+hand-written policies (the start row; the *prior*, i.e. the start row pushed through the transitions, which never reads
+a symbol and already scores about 0.55 on the small instance; the last symbol's emission row; start times emission),
+and the ``next_regime`` skill of the prior and oracle forecasts. An act score near the prior's with a ``choice`` skill
+at the prior forecast's means that the option read-out does not look the symbols up in the emission table.
 
 Torch runs on one thread by default (``--threads``): on a shared CPU two threads spin-wait and ran ~4x slower. On an
 idle 2-core machine ``--threads 2`` is about 1.35x faster (60 steps: 26 s against 35 s), but its float reductions run
@@ -205,16 +210,17 @@ def best_constant(
 
 
 def hmm_reference_policies(episodes: int, env_kwargs: dict) -> dict[str, float]:
-    """hmm's expected score (the curve's figure) of three hand-written policies on the evaluation episodes: the regime
-    with the highest start probability (reads one row of the state, ignores the symbols), the regime whose emission
-    row gives the last symbol the highest probability, and the product of the two. They show which part of the state
-    a learnt policy uses: one that stops near "start" compares two start probabilities but does not look the symbol
-    up in the emission table."""
+    """hmm's expected score (the curve's figure) of four hand-written policies on the evaluation episodes: the regime
+    with the highest start probability; the highest *prior* probability (the start row pushed through the transition
+    matrix once per step: reads the start and transition tables, never a symbol); the regime whose emission row gives
+    the last symbol the highest probability; and start times last emission. They show which part of the state a
+    learnt policy uses: one at or below "prior" has not learnt to look the symbols up in the emission table."""
     from alea_trl.envs import make_env
 
     env = make_env("hmm", **env_kwargs.get("hmm", {}))
     policies = {  # weights over the regimes; the policy plays their argmax
         "start": lambda e: e.init,
+        "prior": lambda e: e.init @ np.linalg.matrix_power(e.trans, len(e._symbols) - 1),
         "last_emission": lambda e: e.emit[:, e._symbols[-1]],
         "start_x_last_emission": lambda e: e.init * e.emit[:, e._symbols[-1]],
     }
@@ -222,6 +228,27 @@ def hmm_reference_policies(episodes: int, env_kwargs: dict) -> dict[str, float]:
         name: _expected_score(play_eval_episodes(env, episodes, lambda e, w=w: int(np.argmax(w(e))))[1])
         for name, w in policies.items()
     }
+
+
+def hmm_next_regime_skill(episodes: int, env_kwargs: dict) -> dict[str, float]:
+    """Skill (``1 - log loss / log loss of uniform``, as the report skill) of two forecasts of hmm's ``next_regime``
+    question on the evaluation episodes: the prior (start row pushed through the transitions, no symbol read) and the
+    oracle. A trained model whose ``choice`` skill on hmm sits at the prior's reads no symbol through its option
+    read-out."""
+    from alea_trl.envs import make_env
+
+    env = make_env("hmm", **env_kwargs.get("hmm", {}))
+    log_loss = {"prior": [], "oracle": []}
+
+    def score(e) -> int:  # called at every decision; the action does not change hmm's chain
+        target = e.oracle_targets()["next_regime"]
+        prior = e.init @ np.linalg.matrix_power(e.trans, len(e._symbols))  # of the next step's regime
+        log_loss["prior"].append(-(target * np.log(prior)).sum())
+        log_loss["oracle"].append(-(target * np.log(target)).sum())
+        return 0
+
+    play_eval_episodes(env, episodes, score)
+    return {name: float(1 - np.mean(v) / np.log(env.n_regimes)) for name, v in log_loss.items()}
 
 
 def train_one(args, seed: int) -> tuple[list, dict, list, list]:
@@ -478,8 +505,10 @@ def report(args, seeds, runs, realised, skills, baselines, wall, n_processes) ->
     summary["best_constant"] = best_constant(args.episodes, baselines, args.env_kwargs)
     print_table(summary)
     hmm_ref = hmm_reference_policies(args.episodes["hmm"], args.env_kwargs) if "hmm" in ENVS else {}
+    hmm_skill = hmm_next_regime_skill(args.episodes["hmm"], args.env_kwargs) if "hmm" in ENVS else {}
     if hmm_ref:
         print("hmm hand-written policies on the same episodes:", ", ".join(f"{k} {v:.3f}" for k, v in hmm_ref.items()))
+        print("hmm next_regime forecast skill:", ", ".join(f"{k} {v:.3f}" for k, v in hmm_skill.items()))
     n_points = len(summary["eval_steps"])
     report_skill = {  # seed mean per evaluation point: does the backbone read the state the reports ask about?
         env: {q: [float(np.mean([s[i][env][q] for s in skills])) for i in range(n_points)] for q in skills[0][0][env]}
@@ -517,6 +546,7 @@ def report(args, seeds, runs, realised, skills, baselines, wall, n_processes) ->
         "png": png,
         "best_constant": summary["best_constant"],
         "hmm_reference": hmm_ref,
+        "hmm_next_regime_skill": hmm_skill,
         "eval": "greedy",
         "score": SCORE_KEY,
         "curves_realised": {  # normalized_score of the realised returns (the dense envs' noisy figure), seed mean
