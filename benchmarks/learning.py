@@ -209,6 +209,12 @@ def best_constant(
     return out
 
 
+def hmm_prior(env) -> np.ndarray:
+    """hmm's regime distribution at the current step before any symbol is read: the start row pushed through the
+    transition matrix once per step."""
+    return env.init @ np.linalg.matrix_power(env.trans, len(env._symbols) - 1)
+
+
 def hmm_reference_policies(episodes: int, env_kwargs: dict) -> dict[str, float]:
     """hmm's expected score (the curve's figure) of four hand-written policies on the evaluation episodes: the regime
     with the highest start probability; the highest *prior* probability (the start row pushed through the transition
@@ -220,7 +226,7 @@ def hmm_reference_policies(episodes: int, env_kwargs: dict) -> dict[str, float]:
     env = make_env("hmm", **env_kwargs.get("hmm", {}))
     policies = {  # weights over the regimes; the policy plays their argmax
         "start": lambda e: e.init,
-        "prior": lambda e: e.init @ np.linalg.matrix_power(e.trans, len(e._symbols) - 1),
+        "prior": hmm_prior,
         "last_emission": lambda e: e.emit[:, e._symbols[-1]],
         "start_x_last_emission": lambda e: e.init * e.emit[:, e._symbols[-1]],
     }
@@ -231,24 +237,29 @@ def hmm_reference_policies(episodes: int, env_kwargs: dict) -> dict[str, float]:
 
 
 def hmm_next_regime_skill(episodes: int, env_kwargs: dict) -> dict[str, float]:
-    """Skill (``1 - log loss / log loss of uniform``, as the report skill) of two forecasts of hmm's ``next_regime``
-    question on the evaluation episodes: the prior (start row pushed through the transitions, no symbol read) and the
-    oracle. A trained model whose ``choice`` skill on hmm sits at the prior's reads no symbol through its option
-    read-out."""
+    """Skill (``1 - log score / log score of uniform``, the report skill of ``evaluate_policy``) of two forecasts of
+    hmm's ``next_regime`` question on the evaluation episodes: the prior (:func:`hmm_prior` one step on, no symbol
+    read) and the oracle. A trained model whose ``choice`` skill on hmm sits at the prior's reads no symbol through its
+    option read-out."""
     from alea_trl.envs import make_env
+    from alea_trl.envs.hmm import predict_regime
+    from alea_trl.losses import choice_loss
 
     env = make_env("hmm", **env_kwargs.get("hmm", {}))
-    log_loss = {"prior": [], "oracle": []}
+    targets, priors = [], []
 
-    def score(e) -> int:  # called at every decision; the action does not change hmm's chain
-        target = e.oracle_targets()["next_regime"]
-        prior = e.init @ np.linalg.matrix_power(e.trans, len(e._symbols))  # of the next step's regime
-        log_loss["prior"].append(-(target * np.log(prior)).sum())
-        log_loss["oracle"].append(-(target * np.log(target)).sum())
+    def record(e) -> int:  # called at every decision; the action does not change hmm's chain
+        targets.append(e.oracle_targets()["next_regime"])
+        priors.append(predict_regime(hmm_prior(e), e.trans))
         return 0
 
-    play_eval_episodes(env, episodes, score)
-    return {name: float(1 - np.mean(v) / np.log(env.n_regimes)) for name, v in log_loss.items()}
+    play_eval_episodes(env, episodes, record)
+    target = torch.tensor(np.array(targets))  # (D, K)
+    uniform = np.log(env.n_regimes)
+    return {
+        name: float(1 - choice_loss(torch.tensor(np.array(forecast)).log(), target) / uniform)
+        for name, forecast in (("prior", priors), ("oracle", targets))
+    }
 
 
 def train_one(args, seed: int) -> tuple[list, dict, list, list]:
