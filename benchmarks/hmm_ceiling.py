@@ -1,0 +1,136 @@
+"""hmm's supervised ceiling: what the learning benchmark's backbone reaches on hmm when its act is told the answer.
+
+What it measures: the same tiny random-weight backbone as ``learning.py`` (4 x 128 Qwen3 shape, the same input extras,
+the same small hmm instance), trained with ``AleaSFTTrainer`` on hmm decisions alone: the act head imitates the
+oracle's act target (a softmax of the exact expected rewards, i.e. of the filtering posterior, at ``act_temperature``
+relative to the decision's reward spread) and the report heads their exact targets, at the learning benchmark's
+learning rate and schedule. Decisions come from ``collect_decisions`` (a behaviour policy mixing oracle and random
+actions); ``--episodes`` of 3 decisions each, so the default 11000 episodes hold about as many hmm decisions as the
+learning benchmark trains on (1250 steps x 40 decisions x 6/12 of them hmm = 25000) plus a third.
+
+Before training and every ``--eval_every`` steps the greedy act head plays the learning benchmark's own evaluation
+episodes (``learning.play_eval_episodes``, the same 100 episodes) and the figure is the same normalised score
+``(policy - random) / (oracle - random)`` from exact expected rewards, next to hmm's hand-written reference policies
+(``learning.hmm_reference_policies``: the *prior* reads no symbol and scores 0.55).
+
+Why: GRPO in ``learning.py`` leaves hmm at the prior's level while the same backbone's question read-outs learn the
+emission table. If this supervised run reaches the oracle, the backbone and the option read-out can represent the
+lookup in this many decisions and what stands in the way is the policy-gradient signal, not the model.
+
+    python benchmarks/hmm_ceiling.py             # 10-14 min on 2 CPU cores
+    python benchmarks/hmm_ceiling.py --quick     # a ~1-minute smoke run
+
+Prints the curve as a table and, last, one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import learning  # the learning benchmark's model, hmm instance, evaluation episodes and figure (a sibling script)
+import numpy as np
+import torch
+from transformers import AutoTokenizer, TrainerCallback
+
+from alea_trl.decision_data import collect_decisions
+from alea_trl.envs import make_env
+from alea_trl.envs.registry import RegisteredEnvFactory
+from alea_trl.trainer.sft_trainer import AleaSFTConfig, AleaSFTTrainer
+
+
+class GreedyCurve(TrainerCallback):
+    """Plays the evaluation episodes greedily at init and every ``every`` steps; keeps ``(step, score)``."""
+
+    def __init__(self, model, tokenizer, env, episodes: int, every: int):
+        self.model, self.tokenizer, self.env, self.episodes, self.every = model, tokenizer, env, episodes, every
+        self.points: list[tuple[int, float]] = []
+
+    def evaluate(self, step: int) -> None:
+        def choose(env):
+            answers = self.model.predict([env.observe()], self.tokenizer)[0]
+            return int(torch.argmax(answers["act"]))
+
+        score = learning._expected_score(learning.play_eval_episodes(self.env, self.episodes, choose)[1])
+        self.points.append((step, score))
+        print(f"  step {step:>5}  hmm act {score:+.3f}", flush=True)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.evaluate(0)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.every == 0 or state.global_step == state.max_steps:
+            self.evaluate(state.global_step)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps")
+    parser.add_argument("--batch_size", type=int, default=32, help="decisions per step")
+    parser.add_argument("--episodes", type=int, default=11000, help="training episodes (3 decisions each)")
+    parser.add_argument("--eval_every", type=int, default=250)
+    parser.add_argument("--eval_episodes", type=int, default=100, help="the learning benchmark's evaluation episodes")
+    parser.add_argument("--seed", type=int, default=1, help="model initialisation and rollout seed")
+    parser.add_argument("--lr", type=float, default=1.5e-3, help="every parameter group (as in learning.py)")
+    parser.add_argument("--warmup", type=int, default=24)
+    parser.add_argument("--act_temperature", type=float, default=0.1, help="of the act target (collect_decisions)")
+    parser.add_argument("--report_w", type=float, default=1.0, help="report loss weight (act weight 1)")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--ngram", type=int, default=1)
+    parser.add_argument("--ngram2", type=int, default=1)
+    parser.add_argument("--aux_embed", type=int, default=1)
+    parser.add_argument("--out", default="runs/bench_hmm_ceiling")
+    parser.add_argument("--quick", action="store_true", help="~1-minute smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.episodes, args.eval_every, args.eval_episodes = 20, 200, 10, 20
+
+    t0 = time.perf_counter()
+    kwargs = learning.SMALL["hmm"]
+    data = collect_decisions({"hmm": RegisteredEnvFactory("hmm", kwargs)}, args.episodes, seed=args.seed,
+                             act_temperature=args.act_temperature)  # fmt: skip
+    torch.manual_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(learning.ASSET)
+    model = learning.tiny_model(args)
+    config = AleaSFTConfig(
+        output_dir=args.out,
+        max_steps=args.steps,
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr,
+        lr_head=args.lr,
+        lr_aux=args.lr,
+        lr_scheduler_type="cosine",
+        warmup_steps=args.warmup,
+        max_grad_norm=1.0,
+        report_w=args.report_w,
+        train_mode="full",
+        seed=args.seed,
+        use_cpu=True,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=args.steps,
+        disable_tqdm=True,
+    )
+    curve = GreedyCurve(model, tokenizer, make_env("hmm", **kwargs), args.eval_episodes, args.eval_every)
+    trainer = AleaSFTTrainer(model, args=config, train_dataset=data, processing_class=tokenizer, callbacks=[curve])
+    trainer.train()
+    references = learning.hmm_reference_policies(args.eval_episodes, learning.SMALL)
+
+    print(f"\nhmm act score (normalised, exact expected rewards), supervised, {len(data)} decisions:")
+    print(f"  {'step':>6}  score")
+    for step, score in curve.points:
+        print(f"  {step:>6}  {score:+.3f}")
+    print("hand-written references on the same episodes: " + ", ".join(f"{k} {v:.3f}" for k, v in references.items()))
+    final = float(np.mean([s for _, s in curve.points[-2:]]))
+    print(json.dumps({
+        "steps": args.steps, "decisions": len(data), "seed": args.seed, "init": curve.points[0][1], "final": final,
+        "best": max(s for _, s in curve.points[1:]), "above_prior": final > references["prior"],
+        "curve": {"step": [p for p, _ in curve.points], "hmm": [s for _, s in curve.points]},
+        "hmm_reference": references, "wall_s": round(time.perf_counter() - t0, 1),
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
