@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=24)
     parser.add_argument("--act_temperature", type=float, default=0.1, help="of the act target (collect_decisions)")
     parser.add_argument("--report_w", type=float, default=1.0, help="report loss weight (act weight 1)")
+    parser.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (as in learning.py)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--ngram", type=int, default=1)
@@ -89,8 +90,8 @@ def main() -> None:
 
     t0 = time.perf_counter()
     kwargs = learning.SMALL["hmm"]
-    data = collect_decisions({"hmm": RegisteredEnvFactory("hmm", kwargs)}, args.episodes, seed=args.seed,
-                             act_temperature=args.act_temperature)  # fmt: skip
+    factory = {"hmm": RegisteredEnvFactory("hmm", kwargs)}
+    data = collect_decisions(factory, args.episodes, seed=args.seed, act_temperature=args.act_temperature)
     torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(learning.ASSET)
     model = learning.tiny_model(args)
@@ -103,7 +104,7 @@ def main() -> None:
         lr_aux=args.lr,
         lr_scheduler_type="cosine",
         warmup_steps=args.warmup,
-        max_grad_norm=1.0,
+        max_grad_norm=args.max_grad_norm,
         report_w=args.report_w,
         train_mode="full",
         seed=args.seed,
