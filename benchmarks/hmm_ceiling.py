@@ -35,24 +35,28 @@ import torch
 from transformers import AutoTokenizer, TrainerCallback
 
 from alea_trl.decision_data import collect_decisions
-from alea_trl.envs import make_env
 from alea_trl.envs.registry import RegisteredEnvFactory
+from alea_trl.evaluation import evaluate_policy
 from alea_trl.trainer.sft_trainer import AleaSFTConfig, AleaSFTTrainer
 
 
 class GreedyCurve(TrainerCallback):
-    """Plays the evaluation episodes greedily at init and every ``every`` steps; keeps ``(step, score)``."""
+    """Plays the evaluation episodes greedily (``evaluate_policy``, seeded as ``learning.py``'s) at init and every
+    ``every`` steps; keeps ``(step, expected_score)``."""
 
-    def __init__(self, model, tokenizer, env, episodes: int, every: int):
-        self.model, self.tokenizer, self.env, self.episodes, self.every = model, tokenizer, env, episodes, every
+    def __init__(self, model, tokenizer, factory: dict, episodes: int, every: int):
+        self.model, self.tokenizer, self.factory, self.episodes, self.every = (
+            model,
+            tokenizer,
+            factory,
+            episodes,
+            every,
+        )
         self.points: list[tuple[int, float]] = []
 
     def evaluate(self, step: int) -> None:
-        def choose(env):
-            answers = self.model.predict([env.observe()], self.tokenizer)[0]
-            return int(torch.argmax(answers["act"]))
-
-        score = learning._expected_score(learning.play_eval_episodes(self.env, self.episodes, choose)[1])
+        table = evaluate_policy(self.model, self.tokenizer, self.factory, self.episodes, seed=learning.EVAL_SEED)
+        score = float(table["hmm"]["expected_score"])
         self.points.append((step, score))
         print(f"  step {step:>5}  hmm act {score:+.3f}", flush=True)
 
@@ -114,7 +118,7 @@ def main() -> None:
         logging_steps=args.steps,
         disable_tqdm=True,
     )
-    curve = GreedyCurve(model, tokenizer, make_env("hmm", **kwargs), args.eval_episodes, args.eval_every)
+    curve = GreedyCurve(model, tokenizer, factory, args.eval_episodes, args.eval_every)
     trainer = AleaSFTTrainer(model, args=config, train_dataset=data, processing_class=tokenizer, callbacks=[curve])
     trainer.train()
     references = learning.hmm_reference_policies(args.eval_episodes, learning.SMALL)
