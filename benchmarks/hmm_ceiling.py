@@ -9,16 +9,16 @@ actions); ``--episodes`` of 3 decisions each, so the default 11000 episodes hold
 learning benchmark trains on (1250 steps x 40 decisions x 6/12 of them hmm = 25000) plus a third.
 
 Before training and every ``--eval_every`` steps the greedy act head plays the learning benchmark's own evaluation
-episodes (``learning.play_eval_episodes``, the same 100 episodes) and the figure is the same normalised score
-``(policy - random) / (oracle - random)`` from exact expected rewards, next to hmm's hand-written reference policies
+episodes (``evaluate_policy`` at ``learning.EVAL_SEED``, the same 100 episodes) and the figure is the same normalised
+score ``(policy - random) / (oracle - random)`` from exact expected rewards, next to hmm's hand-written references
 (``learning.hmm_reference_policies``: the *prior* reads no symbol and scores 0.55).
 
 Why: GRPO in ``learning.py`` leaves hmm at the prior's level while the same backbone's question read-outs learn the
 emission table. If this supervised run reaches the oracle, the backbone and the option read-out can represent the
 lookup in this many decisions and what stands in the way is the policy-gradient signal, not the model.
 
-    python benchmarks/hmm_ceiling.py             # 10-14 min on 2 CPU cores
-    python benchmarks/hmm_ceiling.py --quick     # a ~1-minute smoke run
+    python benchmarks/hmm_ceiling.py             # ~6 min on 2 CPU cores
+    python benchmarks/hmm_ceiling.py --quick     # a ~20-second smoke run
 
 Prints the curve as a table and, last, one JSON line.
 """
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--ngram2", type=int, default=1)
     parser.add_argument("--aux_embed", type=int, default=1)
     parser.add_argument("--out", default="runs/bench_hmm_ceiling")
-    parser.add_argument("--quick", action="store_true", help="~1-minute smoke run")
+    parser.add_argument("--quick", action="store_true", help="~20-second smoke run")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.episodes, args.eval_every, args.eval_episodes = 20, 200, 10, 20
