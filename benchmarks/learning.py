@@ -16,7 +16,7 @@ Two processes. On a 2-core CPU the default command is
 ``accelerate launch --config_file accelerate_configs/cpu_2proc.yaml benchmarks/learning.py``: one training process
 per core (DDP over gloo, each process with its own episode pool seeded by its rank), so a step trains on 2 x 20
 decisions, and the evaluation episodes are shared out between the processes and their figures reduced (the same
-episodes and the same figures as one process). 1500 steps take about 11.5 minutes there; one process (``python
+episodes and the same figures as one process). 1500 steps take 11-12 minutes there; one process (``python
 benchmarks/learning.py``) trains half the decisions a step and is cut short by ``--budget_s``.
 
 Advantages are each decision's own group's ``(r - mean) / std`` (``--scale_rewards group``, TRL's and the
