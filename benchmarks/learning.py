@@ -6,8 +6,8 @@ and trigram embeddings, segment-role embeddings: they let a tiny model see "pays
 feature) is trained on CPU, all weights, with GRPO on all five built-in envs (hmm, kelly, newsvendor: dense rewards;
 bandit, nim: outcome rewards) plus the report losses: AdamW at ``--lr`` (backbone, heads and extras), ``--warmup``
 steps of warm-up then cosine decay to 0, ``--batch_size`` decisions per step and process. ``--mix`` sets the training
-share of an env by its number of copies (the default ``hmm=7,kelly=2,bandit=2,nim=2``, newsvendor one copy: 14 in
-all, so hmm trains on 7/14 of the decisions, kelly, bandit and nim on 2/14 each, newsvendor on 1/14). hmm, whose
+share of an env by its number of copies (the default ``hmm=9,kelly=2,bandit=2,nim=2``, newsvendor one copy: 16 in
+all, so hmm trains on 9/16 of the decisions, kelly, bandit and nim on 2/16 each, newsvendor on 1/16). hmm, whose
 state must really be read, gets the most; an outcome env needs more than one share: bandit alone (seed 3) went from
 its init to 0.53 in 8,000 decisions and to the oracle (1.03) in 16,000, and with one copy of 12 (about 4,000
 decisions in 1250 steps) seed 3 never left one arm.
@@ -16,7 +16,7 @@ Two processes. On a 2-core CPU the default command is
 ``accelerate launch --config_file accelerate_configs/cpu_2proc.yaml benchmarks/learning.py``: one training process
 per core (DDP over gloo, each process with its own episode pool seeded by its rank), so a step trains on 2 x 20
 decisions, and the evaluation episodes are shared out between the processes and their figures reduced (the same
-episodes and the same figures as one process). 1500 steps take 11-12 minutes there; one process (``python
+episodes and the same figures as one process). 1500 steps take about 12 minutes there; one process (``python
 benchmarks/learning.py``) trains half the decisions a step and is cut short by ``--budget_s``.
 
 Advantages are each decision's own group's ``(r - mean) / std`` (``--scale_rewards group``, TRL's and the
@@ -25,8 +25,8 @@ samples differ advantages of about +-1, so hmm's decisions where the symbols ove
 weigh as much as the prior's clear ones; with one std per env (``batch``) they weigh almost nothing and hmm stayed at
 or below the prior (hmm alone, 800 steps of one process, seed 1: 0.48 with batch, 0.53 with group; the two-process
 mix, seeds 0-3, with batch and the former mix ``hmm=6,kelly=3`` over 1250 steps: 0.55 / 0.44 / 0.497 / 0.465; with
-the defaults: 0.51 / 0.61 / 0.497 / 0.53, and 1750 steps on seed 2 ended at 0.47 with bandit fallen to a state-blind
-arm below its init). The report weight keeps that policy term from drowning the report losses: with group scaling at
+the defaults: 0.83 / 0.72 / 0.53 / 0.54; with ``hmm=7`` instead of 9: 0.51 / 0.61 / 0.497 / 0.53, and 1750 steps of that mix on seed 2
+ended at 0.47 with bandit fallen to a state-blind arm below its init). The report weight keeps that policy term from drowning the report losses: with group scaling at
 ``report_w`` 1 (lr 3e-3, seeds 0 and 1, 1000 steps of one process) the residual stream grew a few dimensions to
 |h| ~ 40 on every token within 100 steps and the heads stopped depending on the state (hmm 0.20 / 0.16, bandit
 0.06 / -0.26).
@@ -470,7 +470,7 @@ def main() -> None:
     hp.add_argument("--max_batch_tokens", type=int, default=2048, help="padded tokens per forward (0: one forward)")
     hp.add_argument(
         "--mix",
-        default="hmm=7,kelly=2,bandit=2,nim=2",
+        default="hmm=9,kelly=2,bandit=2,nim=2",
         help="training copies per env, e.g. hmm=3,bandit=0 (evaluation: all)",
     )
     hp.add_argument("--layers", type=int, default=4, help="backbone decoder layers")
