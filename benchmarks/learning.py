@@ -19,17 +19,17 @@ decisions, and the evaluation episodes are shared out between the processes and 
 episodes and the same figures as one process). 1500 steps take about 12 minutes there; one process (``python
 benchmarks/learning.py``) trains half the decisions a step and is cut short by ``--budget_s``.
 
-Advantages are each decision's own group's ``(r - mean) / std`` (``--scale_rewards group``, TRL's and the
-library's default) and the report losses weigh ``--report_w 10``. Group scaling gives every dense decision whose k
-samples differ advantages of about +-1, so hmm's decisions where the symbols overturn the prior, often near-ties,
-weigh as much as the prior's clear ones; with one std per env (``batch``) they weigh almost nothing and hmm stayed at
-or below the prior (hmm alone, 800 steps of one process, seed 1: 0.48 with batch, 0.53 with group; the two-process
-mix, seeds 0-3, with batch and the former mix ``hmm=6,kelly=3`` over 1250 steps: 0.55 / 0.44 / 0.497 / 0.465; with
-the defaults: 0.83 / 0.72 / 0.53 / 0.54; with ``hmm=7`` instead of 9: 0.51 / 0.61 / 0.497 / 0.53, and 1750 steps of that mix on seed 2
-ended at 0.47 with bandit fallen to a state-blind arm below its init). The report weight keeps that policy term from drowning the report losses: with group scaling at
-``report_w`` 1 (lr 3e-3, seeds 0 and 1, 1000 steps of one process) the residual stream grew a few dimensions to
-|h| ~ 40 on every token within 100 steps and the heads stopped depending on the state (hmm 0.20 / 0.16, bandit
-0.06 / -0.26).
+Advantages are each decision's own group's ``(r - mean) / std`` (``--scale_rewards group``, TRL's and the library's
+default) and the report losses weigh ``--report_w 10``. Group scaling gives every dense decision whose k samples
+differ advantages of about +-1, so hmm's decisions where the symbols overturn the prior, often near-ties, weigh as
+much as the prior's clear ones; with one std per env (``batch``) they weigh almost nothing and hmm stayed at or below
+the prior (hmm alone, 800 steps of one process, seed 1: 0.48 with batch, 0.53 with group; the two-process mix, seeds
+0-3, with batch and the former mix ``hmm=6,kelly=3`` over 1250 steps: 0.55 / 0.44 / 0.497 / 0.465; with the defaults:
+0.83 / 0.72 / 0.53 / 0.54; with ``hmm=7`` instead of 9: 0.51 / 0.61 / 0.497 / 0.53, and 1750 steps of that mix on seed
+2 ended at 0.47 with bandit fallen to a state-blind arm below its init). The report weight keeps that policy term from
+drowning the report losses: with group scaling at ``report_w`` 1 (lr 3e-3, seeds 0 and 1, 1000 steps of one process)
+the residual stream grew a few dimensions to |h| ~ 40 on every token within 100 steps and the heads stopped depending
+on the state (hmm 0.20 / 0.16, bandit 0.06 / -0.26).
 
 Before training and every ``--eval_every`` optimizer steps the policy plays ``--eval_episodes`` paired episodes per
 env with ``evaluate_policy`` (greedy act head: the reported figure), always on the same evaluation seed, so every
