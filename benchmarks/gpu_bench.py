@@ -24,12 +24,16 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, Qwen3Config, TrainerCallback
 
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
 from alea_trl.packing import allowed_attention
+
+
+ASSET = Path(__file__).resolve().parents[1] / "recipes" / "assets" / "tiny-qwen3"  # the quickstart's tokenizer
 
 
 def qwen3_06b_config(vocab_size: int, tiny: bool) -> Qwen3Config:
@@ -64,9 +68,7 @@ def tokenizer_for_bench():
 
         return build_qwen_tokenizer(), "qwen3"
     except ImportError:
-        return AutoTokenizer.from_pretrained(
-            "recipes/assets/tiny-qwen3"
-        ), "quickstart (not Qwen's: token counts differ)"
+        return AutoTokenizer.from_pretrained(ASSET), "quickstart (not Qwen's: token counts differ)"
 
 
 class StepTimer(TrainerCallback):

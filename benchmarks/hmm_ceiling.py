@@ -9,9 +9,9 @@ actions); ``--episodes`` of 3 decisions each, so the default 11000 episodes hold
 learning benchmark trains on (1500 steps x 40 decisions x 9/16 of them hmm = 33750).
 
 Before training and every ``--eval_every`` steps the greedy act head plays the learning benchmark's own evaluation
-episodes (``evaluate_policy`` at ``learning.EVAL_SEED``, the same 100 episodes) and the figure is the same normalised
+episodes (``evaluate_policy`` at its ``EVAL_SEED``, the same 100 episodes) and the figure is the same normalised
 score ``(policy - random) / (oracle - random)`` from exact expected rewards, next to hmm's hand-written references
-(``learning.hmm_reference_policies``: the *prior* reads no symbol and scores 0.55).
+(``learning_parts.references.hmm_reference_policies``: the *prior* reads no symbol and scores 0.55).
 
 Why: GRPO in ``learning.py`` leaves hmm at the prior's level while the same backbone's question read-outs learn the
 emission table. If this supervised run reaches the oracle, the backbone and the option read-out can represent the
@@ -29,9 +29,10 @@ import argparse
 import json
 import time
 
-import learning  # the learning benchmark's model, hmm instance, evaluation episodes and figure (a sibling script)
+import learning  # the learning benchmark's model (a sibling script)
 import numpy as np
 import torch
+from learning_parts.references import EVAL_SEED, SMALL, hmm_reference_policies
 from transformers import AutoTokenizer, TrainerCallback
 
 from alea_trl.decision_data import collect_decisions
@@ -55,7 +56,7 @@ class GreedyCurve(TrainerCallback):
         self.points: list[tuple[int, float]] = []
 
     def evaluate(self, step: int) -> None:
-        table = evaluate_policy(self.model, self.tokenizer, self.factory, self.episodes, seed=learning.EVAL_SEED)
+        table = evaluate_policy(self.model, self.tokenizer, self.factory, self.episodes, seed=EVAL_SEED)
         score = float(table["hmm"]["expected_score"])
         self.points.append((step, score))
         print(f"  step {step:>5}  hmm act {score:+.3f}", flush=True)
@@ -93,7 +94,7 @@ def main() -> None:
         args.steps, args.episodes, args.eval_every, args.eval_episodes = 20, 200, 10, 20
 
     t0 = time.perf_counter()
-    kwargs = learning.SMALL["hmm"]
+    kwargs = SMALL["hmm"]
     factory = {"hmm": RegisteredEnvFactory("hmm", kwargs)}
     data = collect_decisions(factory, args.episodes, seed=args.seed, act_temperature=args.act_temperature)
     torch.manual_seed(args.seed)
@@ -121,7 +122,7 @@ def main() -> None:
     curve = GreedyCurve(model, tokenizer, factory, args.eval_episodes, args.eval_every)
     trainer = AleaSFTTrainer(model, args=config, train_dataset=data, processing_class=tokenizer, callbacks=[curve])
     trainer.train()
-    references = learning.hmm_reference_policies(args.eval_episodes, learning.SMALL)
+    references = hmm_reference_policies(args.eval_episodes, SMALL)
 
     print(f"\nhmm act score (normalised, exact expected rewards), supervised, {len(data)} decisions:")
     print(f"  {'step':>6}  score")

@@ -40,19 +40,19 @@ against the mean and the best expected reward at the same decision), which remov
 returns the same kelly model scored 0.45 on one set of 100 episodes and 0.24 on another. The JSON also keeps the
 realised-return curves (``curves_realised``).
 
-Env instances: by default (``--env_kwargs small``) hmm and nim are smaller than the library defaults, sized for a
-tiny from-scratch model (see ``SMALL``): hmm with 2 regimes, 2 symbols, sharper emissions (``emit_alpha`` 0.3) and a
-horizon of 3, nim with 3 piles of 1..3 stones. Training and evaluation use the same instances; ``--env_kwargs
-default`` runs the library defaults (on which hmm stayed at random play and nim did not improve in 1000 steps) and a
-JSON object sets any env's kwargs. Outcome envs (bandit, nim) are evaluated on ``--eval_episodes_outcome`` episodes:
-their returns are noisier than the dense envs' expected rewards.
+Env instances: by default (``--env_kwargs small``) hmm and nim are smaller than the library defaults, sized for a tiny
+from-scratch model (``SMALL`` in ``learning_parts/references.py``): hmm with 2 regimes, 2 symbols, sharper emissions
+(``emit_alpha`` 0.3) and a horizon of 3, nim with 3 piles of 1..3 stones. Training and evaluation use the same
+instances; ``--env_kwargs default`` runs the library defaults (on which hmm stayed at random play and nim did not
+improve in 1000 steps) and a JSON object sets any env's kwargs. Outcome envs (bandit, nim) are evaluated on
+``--eval_episodes_outcome`` episodes: their returns are noisier than the dense envs' expected rewards.
 
 Targets: every env's score ends above its init score, and the dense envs reach >= 0.5. The "final" score is the mean
 of the last two evaluations (it smooths the jitter of a greedy policy between checkpoints); "best" is the best single
 evaluation after init. The "const" column is the best state-blind policy ("always play option i") on the same
 episodes: a policy at that level has learnt which option is good on average, not to read the state.
 
-    accelerate launch --config_file accelerate_configs/cpu_2proc.yaml benchmarks/learning.py   # ~13 min, 2 cores
+    accelerate launch --config_file accelerate_configs/cpu_2proc.yaml benchmarks/learning.py   # ~12 min, 2 cores
     python benchmarks/learning.py --quick          # a ~1-minute smoke run, one process
     python benchmarks/learning.py --seeds 0,1      # one training run per seed, curves averaged over the seeds
 
@@ -80,14 +80,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from accelerate import PartialState
+from learning_parts.references import DENSE, ENVS, EVAL_SEED, SCORE_KEY, SMALL
+from learning_parts.report import report
 from transformers import AutoConfig, AutoTokenizer, TrainerCallback
 
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
@@ -98,23 +98,6 @@ from alea_trl.trainer.distributed import end_distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSET = ROOT / "recipes" / "assets" / "tiny-qwen3"
-ENVS = ["hmm", "kelly", "newsvendor", "bandit", "nim"]
-DENSE = ["hmm", "kelly", "newsvendor"]
-# Env instances sized for a tiny from-scratch model (``--env_kwargs small``, the default). hmm: 2 regimes, 2 symbols,
-# sharper emissions, 3 decisions per episode (the library default, 3 x 3 over 10 steps, did not move from random in
-# 1000 steps: the answer is a lookup in the printed emission table at a position that moves as the symbol list grows);
-# nim: 3 piles of 1..3 stones (the default 4 piles of 1..7 needs the nim-sum of 3-bit numbers). ``--env_kwargs
-# default`` runs the library defaults of every env.
-SMALL = {
-    "hmm": {"n_regimes": 2, "n_symbols": 2, "emit_alpha": 0.3, "horizon": 3},
-    "nim": {"n_piles": 3, "max_stones": 3},
-}
-# The curve's figure: dense envs are scored by exact expected rewards (``expected_score``: the outcome noise of kelly's
-# log growth and newsvendor's demand is larger than the gap between two policies over a few hundred decisions);
-# outcome envs by their realised returns (``normalized_score``: no expected reward per action exists).
-SCORE_KEY = {"hmm": "expected_score", "kelly": "expected_score", "newsvendor": "expected_score"}
-SCORE_KEY |= {"bandit": "normalized_score", "nim": "normalized_score"}
-EVAL_SEED = 12345  # the evaluation episodes: distinct from the training pool's seed, the same at every evaluation
 
 
 class CurveCallback(TrainerCallback):
@@ -176,99 +159,6 @@ class CurveCallback(TrainerCallback):
                 if accelerator.is_main_process:
                     print(f"  time budget: {elapsed:.0f}s spent, the next block would pass {self.budget:.0f}s; stop")
                 control.should_training_stop = True
-
-
-def play_eval_episodes(env, n: int, choose) -> tuple[float, np.ndarray]:
-    """Play the ``n`` evaluation episodes of ``env`` (seeded as ``evaluate_policy`` seeds episode i of an env
-    evaluated on its own, see ``CurveCallback.evaluate``) with ``choose(env) -> action``; return the summed realised
-    return and, for a dense env, the summed expected rewards ``(chosen, mean, best)`` over its decisions."""
-    total, expected = 0.0, np.zeros(3)
-    for i in range(n):
-        env.reset(np.random.default_rng([EVAL_SEED, 0, i]))
-        while not env.done:
-            choice = choose(env)
-            if env.dense:
-                r = np.asarray(env.action_rewards(), dtype=float)
-                expected += (r[choice], r.mean(), r.max())
-            total += env.step(choice)[0]
-    return total, expected
-
-
-def _expected_score(expected: np.ndarray) -> float:
-    return float((expected[0] - expected[1]) / (expected[2] - expected[1]))
-
-
-def best_constant(
-    episodes: dict[str, int], baselines: dict[str, tuple[float, float]], env_kwargs: dict
-) -> dict[str, float]:
-    """Per env, the score of the best state-blind policy "always play option i" (clipped to the legal options) on
-    the evaluation episodes, by the curve's figure (``SCORE_KEY``): what a policy that ignores the state text can
-    reach."""
-    from alea_trl.envs import make_env
-
-    out = {}
-    for name in ENVS:
-        env, (rand, orac), n = make_env(name, **env_kwargs.get(name, {})), baselines[name], episodes[name]
-        scores = []
-        for a in range(env.reset(np.random.default_rng([EVAL_SEED, 0, 0])).observe().n_legal):
-            total, expected = play_eval_episodes(env, n, lambda e, a=a: min(a, e.observe().n_legal - 1))
-            dense = SCORE_KEY[name] == "expected_score"
-            scores.append(_expected_score(expected) if dense else (total / n - rand) / (orac - rand))
-        out[name] = float(max(scores))
-    return out
-
-
-def hmm_prior(env) -> np.ndarray:
-    """hmm's regime distribution at the current step before any symbol is read: the start row pushed through the
-    transition matrix once per step."""
-    return env.init @ np.linalg.matrix_power(env.trans, len(env._symbols) - 1)
-
-
-def hmm_reference_policies(episodes: int, env_kwargs: dict) -> dict[str, float]:
-    """hmm's expected score (the curve's figure) of four hand-written policies on the evaluation episodes: the regime
-    with the highest start probability; the highest *prior* probability (the start row pushed through the transition
-    matrix once per step: reads the start and transition tables, never a symbol); the regime whose emission row gives
-    the last symbol the highest probability; and start times last emission. They show which part of the state a
-    learnt policy uses: one at or below "prior" has not learnt to look the symbols up in the emission table."""
-    from alea_trl.envs import make_env
-
-    env = make_env("hmm", **env_kwargs.get("hmm", {}))
-    policies = {  # weights over the regimes; the policy plays their argmax
-        "start": lambda e: e.init,
-        "prior": hmm_prior,
-        "last_emission": lambda e: e.emit[:, e._symbols[-1]],
-        "start_x_last_emission": lambda e: e.init * e.emit[:, e._symbols[-1]],
-    }
-    return {
-        name: _expected_score(play_eval_episodes(env, episodes, lambda e, w=w: int(np.argmax(w(e))))[1])
-        for name, w in policies.items()
-    }
-
-
-def hmm_next_regime_skill(episodes: int, env_kwargs: dict) -> dict[str, float]:
-    """Skill (``1 - log score / log score of uniform``, the report skill of ``evaluate_policy``) of two forecasts of
-    hmm's ``next_regime`` question on the evaluation episodes: the prior (:func:`hmm_prior` one step on, no symbol
-    read) and the oracle. A trained model whose ``choice`` skill on hmm sits at the prior's reads no symbol through its
-    option read-out."""
-    from alea_trl.envs import make_env
-    from alea_trl.envs.hmm import predict_regime
-    from alea_trl.losses import choice_loss
-
-    env = make_env("hmm", **env_kwargs.get("hmm", {}))
-    targets, priors = [], []
-
-    def record(e) -> int:  # called at every decision; the action does not change hmm's chain
-        targets.append(e.oracle_targets()["next_regime"])
-        priors.append(predict_regime(hmm_prior(e), e.trans))
-        return 0
-
-    play_eval_episodes(env, episodes, record)
-    target = torch.tensor(np.array(targets))  # (D, K)
-    uniform = np.log(env.n_regimes)
-    return {
-        name: float(1 - choice_loss(torch.tensor(np.array(forecast)).log(), target) / uniform)
-        for name, forecast in (("prior", priors), ("oracle", targets))
-    }
 
 
 def tiny_model(args) -> AleaModel:
@@ -348,86 +238,6 @@ def train_one(args, seed: int) -> tuple[list, dict, list, list]:
     ref["trainer"] = trainer
     trainer.train()
     return callback.points, callback.baselines, callback.realised, callback.skill
-
-
-def summarise(runs: list[list[tuple[int, dict[str, float], float]]]) -> dict:
-    """Curves averaged over seeds, init / final (mean of the last two evaluations) / best, and the targets."""
-    steps = [p[0] for p in runs[0]]
-    curves = {env: [float(np.mean([run[i][1][env] for run in runs])) for i in range(len(steps))] for env in ENVS}
-    init = {env: curves[env][0] for env in ENVS}
-    final = {env: float(np.mean(curves[env][-2:])) if len(steps) > 2 else curves[env][-1] for env in ENVS}
-    best = {env: max(curves[env][1:] or curves[env]) for env in ENVS}
-    improved = {env: final[env] > init[env] for env in ENVS}
-    return {
-        "steps": steps[-1],
-        "eval_steps": steps,
-        "init": init,
-        "final": final,
-        "best": best,
-        "improved": improved,
-        "dense_reach_0.5": all(final[env] >= 0.5 for env in DENSE if env in ENVS),
-        "curves": curves,
-    }
-
-
-def print_table(summary: dict) -> None:
-    steps = summary["eval_steps"]
-    header = f"{'env':<12}" + "".join(f"{s:>8}" for s in steps)
-    header += f"{'final':>8}{'best':>8}{'improved':>10}{'const':>8}"
-    print(
-        "\nnormalised score (policy - random) / (oracle - random), greedy, by optimizer step; dense envs (*) from the "
-        "exact expected rewards of the actions taken (expected_score), outcome envs from realised returns"
-    )
-    print(header)
-    print("-" * len(header))
-    for env in ENVS:
-        row = f"{env + ('*' if env in DENSE else ''):<12}" + "".join(f"{v:>8.3f}" for v in summary["curves"][env])
-        row += f"{summary['final'][env]:>8.3f}{summary['best'][env]:>8.3f}{str(summary['improved'][env]):>10}"
-        row += f"{summary['best_constant'][env]:>8.3f}"
-        print(row)
-    print(
-        "* dense env (target >= 0.5); final = mean of the last two evaluations; const = best state-blind policy "
-        "('always option i') on the same episodes"
-    )
-
-
-def plot(summary: dict, runs: list, path: str, title: str) -> str:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    steps = summary["eval_steps"]
-    colors = dict(zip(ENVS, ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"]))
-    for env in ENVS:
-        marker = "o" if env in DENSE else "s"
-        label = f"{env} ({'dense' if env in DENSE else 'outcome'})"
-        ax.plot(steps, summary["curves"][env], "-", marker=marker, ms=5, lw=1.8, color=colors[env], label=label)
-        if len(runs) > 1:
-            for run in runs:
-                ax.plot(steps, [p[1][env] for p in run], "-", color=colors[env], alpha=0.25, lw=0.8)
-    if "best_constant" in summary:  # the best state-blind policy: a tick per env just right of the last step
-        x = steps[-1] + 0.03 * (steps[-1] - steps[0] or 1)
-        for env in ENVS:
-            ax.plot([x], [summary["best_constant"][env]], marker=4, ms=9, color=colors[env], ls="none")
-        ax.plot([], [], marker=4, ms=9, color="gray", ls="none", label="best state-blind policy")
-    ax.axhline(0.0, color="dimgray", ls="--", lw=1.2, zorder=0)
-    ax.axhline(1.0, color="black", ls="--", lw=1.2, zorder=0)
-    ax.axhline(0.5, color="gray", ls=":", lw=1.0, zorder=0)
-    edge = ax.get_yaxis_transform()  # x in axes units, y in data units: labels just right of the plot
-    for y, text, color in ((0.0, "random", "dimgray"), (1.0, "oracle", "black"), (0.5, "dense\ntarget", "gray")):
-        ax.text(1.01, y, text, transform=edge, va="center", ha="left", color=color, fontsize=8)
-    lo = min(min(v) for v in summary["curves"].values())
-    ax.set_ylim(min(-0.25, math.floor(lo * 4) / 4), 1.1)
-    ax.set_xticks(steps)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("normalised score  (policy - random) / (oracle - random)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    fig.legend(loc="outside lower center", fontsize=8, ncols=3, frameon=False)
-    fig.savefig(path, dpi=120)
-    return path
 
 
 def main() -> None:
@@ -522,75 +332,6 @@ def main() -> None:
     if state.is_main_process:  # every process holds the same (reduced) curves
         report(args, seeds, runs, realised, skills, baselines, wall, state.num_processes)
     end_distributed()
-
-
-def report(args, seeds, runs, realised, skills, baselines, wall, n_processes) -> None:
-    """The table, the PNG and the JSON line of the runs (one per seed)."""
-    n_out = args.eval_episodes_outcome or args.eval_episodes
-    runs = [run[: min(len(r) for r in runs)] for run in runs]  # a run stopped by the time budget is shorter
-    summary = summarise(runs)
-    summary["best_constant"] = best_constant(args.episodes, baselines, args.env_kwargs)
-    print_table(summary)
-    hmm_ref = hmm_reference_policies(args.episodes["hmm"], args.env_kwargs) if "hmm" in ENVS else {}
-    hmm_skill = hmm_next_regime_skill(args.episodes["hmm"], args.env_kwargs) if "hmm" in ENVS else {}
-    if hmm_ref:
-        print("hmm hand-written policies on the same episodes:", ", ".join(f"{k} {v:.3f}" for k, v in hmm_ref.items()))
-        print("hmm next_regime forecast skill:", ", ".join(f"{k} {v:.3f}" for k, v in hmm_skill.items()))
-    n_points = len(summary["eval_steps"])
-    report_skill = {  # seed mean per evaluation point: does the backbone read the state the reports ask about?
-        env: {q: [float(np.mean([s[i][env][q] for s in skills])) for i in range(n_points)] for q in skills[0][0][env]}
-        for env in ENVS
-    }
-    print(
-        "report skill 1 - loss / no-skill loss (init -> final evaluation; the oracle's own skill is below 1):",
-        "; ".join(
-            f"{e} " + ", ".join(f"{q} {v[0]:+.2f}->{v[-1]:+.2f}" for q, v in report_skill[e].items()) for e in ENVS
-        ),
-    )
-    print(
-        "env instances (training and evaluation):",
-        ", ".join(f"{e} {kw}" for e, kw in args.env_kwargs.items()) or "-",
-        "(others: library defaults)",
-    )
-
-    instances = "small (SMALL)" if args.env_kwargs == SMALL else "custom" if args.env_kwargs else "library defaults"
-    title = (
-        f"tiny Qwen3 ({args.layers}x{args.hidden}, random init), GRPO on CPU: {args.steps} steps, lr {args.lr:g}, "
-        f"{args.batch_size * n_processes} decisions/step\ngreedy eval on {args.eval_episodes} paired episodes per env "
-        f"(outcome envs {n_out}), seeds {','.join(map(str, seeds))}; env instances: {instances}"
-    )
-    png = plot(summary, runs, os.path.join(args.out, "learning_curves.png"), title)
-    eval_s = sum(p[2] for run in runs for p in run)
-    print(f"\nwall {wall:.0f}s (evaluation {eval_s:.0f}s); curves: {png}")
-    result = {
-        "steps": summary["steps"],
-        "init": summary["init"],
-        "final": summary["final"],
-        "best": summary["best"],
-        "improved": summary["improved"],
-        "dense_reach_0.5": summary["dense_reach_0.5"],
-        "curves": {"step": summary["eval_steps"], **summary["curves"]},
-        "png": png,
-        "best_constant": summary["best_constant"],
-        "hmm_reference": hmm_ref,
-        "hmm_next_regime_skill": hmm_skill,
-        "eval": "greedy",
-        "score": SCORE_KEY,
-        "curves_realised": {  # normalized_score of the realised returns (the dense envs' noisy figure), seed mean
-            env: [float(np.mean([r[i][env] for r in realised])) for i in range(len(summary["eval_steps"]))]
-            for env in ENVS
-        },
-        "report_skill": report_skill,
-        "eval_episodes": args.episodes,
-        "seeds": seeds,
-        "env_kwargs": args.env_kwargs,
-        "wall_s": round(wall, 1),
-        "processes": n_processes,
-        "hparams": {k: getattr(args, k) for k in args.hparam_names},
-    }
-    with open(os.path.join(args.out, "learning.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    print(json.dumps(result))
 
 
 if __name__ == "__main__":
