@@ -53,7 +53,7 @@ evaluation after init. The "const" column is the best state-blind policy ("alway
 episodes: a policy at that level has learnt which option is good on average, not to read the state.
 
     accelerate launch --config_file accelerate_configs/cpu_2proc.yaml benchmarks/learning.py   # ~12 min, 2 cores
-    python benchmarks/learning.py --quick          # a ~1-minute smoke run, one process
+    python benchmarks/learning.py --quick          # a ~25-second smoke run, one process
     python benchmarks/learning.py --seeds 0,1      # one training run per seed, curves averaged over the seeds
 
 The printout and the JSON (``report_skill``) also give each env's report skill per question type, ``1 - loss / loss of
@@ -256,7 +256,7 @@ def main() -> None:
     parser.add_argument(
         "--budget_s", type=float, default=840, help="per run: stop at an evaluation if the next would pass it (0: off)"
     )
-    parser.add_argument("--quick", action="store_true", help="~1-minute smoke run (few steps, few episodes)")
+    parser.add_argument("--quick", action="store_true", help="~25-second smoke run (few steps, few episodes)")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1: on a shared CPU, more threads spin and stall)"
     )
@@ -305,7 +305,7 @@ def main() -> None:
     args.hparam_names = [a.dest for a in hp._group_actions]
     if args.quick:
         args.steps, args.eval_every, args.eval_episodes, args.warmup, args.eval_episodes_outcome = 20, 10, 20, 2, 0
-    if args.envs:  # a probe on a subset of the envs (training and evaluation)
+    if args.envs:  # a probe on a subset of the envs (in place: learning_parts reads the same list)
         ENVS[:] = [e for e in ENVS if e in args.envs.split(",")]
     n_out = args.eval_episodes_outcome or args.eval_episodes
     args.episodes = {env: args.eval_episodes if env in DENSE else n_out for env in ENVS}
