@@ -9,8 +9,8 @@ actions); ``--episodes`` of 3 decisions each, so the default 11000 episodes hold
 learning benchmark trains on (1500 steps x 40 decisions x 9/16 of them hmm = 33750).
 
 Before training and every ``--eval_every`` steps the greedy act head plays the learning benchmark's own evaluation
-episodes (``evaluate_policy`` at its ``EVAL_SEED``, the same 100 episodes) and the figure is the same normalised
-score ``(policy - random) / (oracle - random)`` from exact expected rewards, next to hmm's hand-written references
+episodes (``evaluate_policy`` at ``EVAL_SEED``, the same 100 episodes) and the figure is the same normalised score
+``(policy - random) / (oracle - random)`` from exact expected rewards, next to hmm's hand-written references
 (``learning_parts.references.hmm_reference_policies``: the *prior* reads no symbol and scores 0.55).
 
 Why: GRPO in ``learning.py`` leaves hmm at the prior's level while the same backbone's question read-outs learn the

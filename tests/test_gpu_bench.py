@@ -29,4 +29,3 @@ def test_gpu_bench_tiny_on_cpu_counts_every_trained_decision(tmp_path):
     assert result["decisions_per_s"] * result["step_s"] == pytest.approx(batch)
     assert result["tokens_per_decision"] > 20  # a decision's state, questions and options, not a padded slot
     assert 0 < result["mfu"] < 1
-    assert result["mfu"] == pytest.approx(result["tflops"] / 989.0)
