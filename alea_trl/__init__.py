@@ -2,9 +2,12 @@
 
 from transformers import AutoConfig, AutoModel
 
+from .attention import mask_from_segments
+from .collate import PackedBatch, collate_segments
+from .configuration_alea import AleaConfig
 from .losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
-from .modeling_alea import AleaConfig, AleaModel, AleaOutput
-from .packing import PackedBatch, PackedRequest, collate_segments, mask_from_segments, pack_request
+from .modeling_alea import AleaModel, AleaOutput
+from .packing import PackedRequest, pack_request
 from .questions import ACT_QID, QTYPES, TAUS, Decision, Question, validate_targets
 from .trainer import AleaEnvGRPOConfig, AleaEnvGRPOTrainer
 

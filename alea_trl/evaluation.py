@@ -14,11 +14,14 @@ Design decisions:
    policy meets do not depend on its actions' payoffs (true of hmm, kelly, newsvendor: the state's information does
    not depend on the action), and it is free of the outcome noise (kelly's log growth, newsvendor's demand), which
    for a few hundred decisions is larger than the gap between two policies.
+6. ``episodes`` may give each env its own count (a mapping); each env is then played exactly as a call on that env
+   alone would play it, so one call replaces a loop of per-env calls with the same figures.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -50,6 +53,24 @@ def _baseline_loss(question, target, taus, climatology) -> float:
     return _report_loss(question, climatology, target, taus)
 
 
+def _episode_counts(episodes, factories: dict) -> dict[str, int]:
+    """Episodes per env from ``episodes`` (one int for every env, or env name -> int); each must be an int >= 1."""
+    if isinstance(episodes, Mapping):
+        for name in factories:
+            if name not in episodes:
+                raise ValueError(
+                    f"evaluation_sums: env {name!r}: field 'episodes': the mapping has no count for it (it has "
+                    f"{sorted(episodes)})"
+                )
+        counts = {name: episodes[name] for name in factories}
+    else:
+        counts = dict.fromkeys(factories, episodes)
+    for name, n in counts.items():
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"evaluation_sums: env {name!r}: field 'episodes': must be an integer >= 1, got {n!r}")
+    return {name: int(n) for name, n in counts.items()}
+
+
 def _baseline_return(env, rng: np.random.Generator, policy: str, pick: np.random.Generator) -> float:
     env.reset(rng)
     total = 0.0
@@ -64,19 +85,41 @@ def evaluation_sums(
     model,
     tokenizer,
     envs,
-    episodes: int = 100,
+    episodes: int | Mapping[str, int] = 100,
     seed: int = 0,
     greedy: bool = True,
     max_len: int | None = None,
     batch_size: int = 16,
-    shard: tuple[int, int] = (0, 1),
     forecasts: list | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> dict[str, tuple[float, float]]:
-    """(sum, count) of every evaluation figure; see :func:`evaluate_policy`. ``shard=(i, n)`` plays the episodes
-    whose index is ``i`` modulo ``n``. When ``forecasts`` is a list, every noul forecast is appended to it as
-    ``(env, qid, p_yes, target)``."""
+    """(sum, count) of every evaluation figure (``"<env>/<metric>"``); :func:`evaluate_policy` turns them into means.
+
+    Args:
+        model (`AleaModel`): the model (its ``predict`` answers decisions).
+        tokenizer: its tokenizer.
+        envs (`list[str]` or `dict[str, Callable]`): registered env names, or name -> factory.
+        episodes (`int` or `Mapping[str, int]`, defaults to 100): episodes per env, or env name -> episodes (names
+            not evaluated are ignored). With an int, episode ``i`` of the ``k``-th env is seeded ``[seed, k, i]``;
+            with a mapping, every env is played exactly as a call on that env alone would play it (episode ``i``
+            seeded ``[seed, 0, i]``, its own sampler), so the figures equal those of one call per env.
+        seed (`int`, defaults to 0): seed of the episodes (shared by the policy, random and oracle play) and of the
+            sampler of ``greedy=False``.
+        greedy (`bool`, defaults to `True`): argmax actions; otherwise sample from the act head.
+        max_len (`int`, *optional*): decisions packing to more tokens end their episode (counted as ``skipped``).
+        batch_size (`int`, defaults to 16): decisions per forward.
+        forecasts (`list`, *optional*): when given, every noul forecast is appended as ``(env, qid, p_yes, target)``
+            (the input of a reliability diagram).
+        shard (`tuple[int, int]`, defaults to `(0, 1)`): ``(i, n)`` plays the episodes whose index is ``i`` modulo
+            ``n``, so ``n`` processes can split the episodes and add their sums.
+
+    Returns:
+        `dict[str, tuple[float, float]]`: ``(sum, count)`` per figure.
+    """
     rank, world = shard
     taus = list(model.config.taus)
+    factories = env_factories(envs)
+    counts = _episode_counts(episodes, factories)
     sampler = torch.Generator().manual_seed(seed)
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
 
@@ -84,8 +127,10 @@ def evaluation_sums(
         sums[key][0] += value
         sums[key][1] += 1.0
 
-    for env_idx, (name, factory) in enumerate(env_factories(envs).items()):
-        mine = [i for i in range(episodes) if i % world == rank]
+    for env_idx, (name, factory) in enumerate(factories.items()):
+        if isinstance(episodes, Mapping):  # as a call on this env alone: seeds [seed, 0, i] and a fresh sampler
+            env_idx, sampler = 0, torch.Generator().manual_seed(seed)
+        mine = [i for i in range(counts[name]) if i % world == rank]
         for i in mine:
             for policy in ("random", "oracle"):
                 rng, pick = np.random.default_rng([seed, env_idx, i]), np.random.default_rng([seed, env_idx, i, 1])
@@ -145,30 +190,14 @@ def evaluation_sums(
     return {k: (v[0], v[1]) for k, v in sums.items()}
 
 
-def evaluate_policy(
-    model,
-    tokenizer,
-    envs,
-    episodes: int = 100,
-    seed: int = 0,
-    greedy: bool = True,
-    max_len: int | None = None,
-    batch_size: int = 16,
-    forecasts: list | None = None,
-) -> dict[str, dict[str, float]]:
+def evaluate_policy(model, tokenizer, envs, *args, **kwargs) -> dict[str, dict[str, float]]:
     """Evaluate a model's policy and forecasts on environments.
 
     Args:
-        model (`AleaModel`): the model (its ``predict`` answers decisions).
-        tokenizer: its tokenizer.
-        envs (`list[str]` or `dict[str, Callable]`): registered env names, or name -> factory.
-        episodes (`int`, defaults to 100): episodes per env.
-        seed (`int`, defaults to 0): seed of the episodes (shared by the policy, random and oracle play).
-        greedy (`bool`, defaults to `True`): argmax actions; otherwise sample from the act head.
-        max_len (`int`, *optional*): decisions packing to more tokens end their episode (counted as ``skipped``).
-        batch_size (`int`, defaults to 16): decisions per forward.
-        forecasts (`list`, *optional*): when given, every noul forecast is appended as ``(env, qid, p_yes, target)``
-            (the input of a reliability diagram).
+        model, tokenizer, envs: as in :func:`evaluation_sums`, which plays the episodes; this returns the means of
+            its figures.
+        *args, **kwargs: the further arguments of :func:`evaluation_sums`, in its order: ``episodes`` (an int, or
+            env name -> count), ``seed``, ``greedy``, ``max_len``, ``batch_size``, ``forecasts`` and ``shard``.
 
     Returns:
         `dict[str, dict[str, float]]`: per env ``return`` (policy), ``random``, ``oracle``, ``normalized_score``
@@ -179,7 +208,7 @@ def evaluate_policy(
         ``baseline/<qtype>`` (the same for the no-skill forecast: uniform, 1/2, or the pooled target quantiles of
         the question for regress) and ``skill/<qtype>`` ``= 1 - report / baseline`` (1 is perfect, 0 no skill).
     """
-    sums = evaluation_sums(model, tokenizer, envs, episodes, seed, greedy, max_len, batch_size, forecasts=forecasts)
+    sums = evaluation_sums(model, tokenizer, envs, *args, **kwargs)
     return table_from_means({key: total / count if count else float("nan") for key, (total, count) in sums.items()})
 
 

@@ -10,9 +10,8 @@ Design decisions:
 4. Input-side extras (segment-role embeddings, hashed bigram / trigram embeddings) are zero-initialised, so a
    pretrained backbone computes exactly what it did before at step 0. N-grams follow ``prev_ids`` from packing, so
    they see the same history packed and unpacked.
-5. ``AleaConfig`` nests the backbone config as ``text_config`` (the transformers convention for composite models), so
-   a checkpoint is one ``config.json`` + safetensors and loads with ``AutoModel.from_pretrained`` after
-   ``import alea_trl``.
+5. The config (``configuration_alea.py``) nests the backbone's; a checkpoint is one ``config.json`` + safetensors
+   and loads with ``AutoModel.from_pretrained`` after ``import alea_trl``.
 """
 
 from __future__ import annotations
@@ -22,63 +21,16 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
+from transformers import AutoModel, PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
-from transformers.configuration_utils import SubConfigSpec
 from transformers.utils import ModelOutput
 
-from .packing import block_mask_from_segments, collate_segments, mask_from_segments, pack_request
-from .questions import TAUS, Decision
-
-
-@strict
-class AleaConfig(PreTrainedConfig):
-    r"""Configuration of an [`AleaModel`]: the backbone's config plus the head settings.
-
-    Args:
-        text_config (`dict` or `PreTrainedConfig`, *optional*):
-            Config of the decoder backbone (any model type ``AutoModel`` knows). Defaults to a Qwen3 config.
-        max_score_bins (`int`, *optional*, defaults to 32):
-            Width of the score head; a score question uses its first ``n_bins`` logits.
-        taus (`list[float]`, *optional*, defaults to `TAUS`):
-            Quantile levels of the regress head.
-        use_aux_embed (`bool`, *optional*, defaults to `False`):
-            Add learned segment-role embeddings (state / question / option), zero-initialised.
-        use_ngram (`bool`, *optional*, defaults to `False`):
-            Add a hashed bigram embedding table to the token embeddings, zero-initialised.
-        use_ngram2 (`bool`, *optional*, defaults to `False`):
-            Add a hashed trigram embedding table to the token embeddings, zero-initialised.
-        ngram_buckets (`int`, *optional*, defaults to 16384):
-            Rows of each hashed n-gram table.
-        initializer_range (`float`, *optional*, defaults to 0.02):
-            Std of the normal initialisation of the heads.
-    """
-
-    model_type = "alea"
-    sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="qwen3")}
-
-    text_config: dict | PreTrainedConfig | None = None
-    max_score_bins: int = 32
-    taus: list[float] | tuple[float, ...] = TAUS
-    use_aux_embed: bool = False
-    use_ngram: bool = False
-    use_ngram2: bool = False
-    ngram_buckets: int = 16384
-    initializer_range: float = 0.02
-
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        self.taus = [float(t) for t in self.taus]
-        if any(not 0.0 < t < 1.0 for t in self.taus) or self.taus != sorted(self.taus):
-            raise ValueError(f"AleaConfig: field 'taus': must be increasing levels in (0, 1), got {self.taus}")
-        if self.max_score_bins < 2:
-            raise ValueError(f"AleaConfig: field 'max_score_bins': must be >= 2, got {self.max_score_bins}")
-
-    @property
-    def hidden_size(self) -> int:
-        return self.text_config.hidden_size
+from .attention import block_mask_from_segments, mask_from_segments
+from .collate import collate_segments, pad_token_id
+from .configuration_alea import _LEGACY_KEYS, EXTRA_EMBEDDINGS, AleaConfig
+from .packing import pack_request
+from .questions import Decision
 
 
 @dataclass
@@ -125,7 +77,7 @@ class AleaPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
 
     def _init_weights(self, module):
-        extras = [getattr(self, name, None) for name in ("aux_embed", "ngram", "ngram2")]
+        extras = [getattr(self, name, None) for name in EXTRA_EMBEDDINGS.values()]
         if any(module is extra for extra in extras if extra is not None):
             init.zeros_(module.weight)  # neutral at step 0: the backbone computes what it did before
         else:
@@ -170,9 +122,16 @@ class AleaModel(AleaPreTrainedModel):
         self.noul_head = nn.Linear(hidden, 1)
         self.regress_head = QuantileHead(hidden, len(config.taus))
         self.aux_embed = nn.Embedding(3, hidden) if config.use_aux_embed else None
-        self.ngram = nn.Embedding(config.ngram_buckets, hidden) if config.use_ngram else None
-        self.ngram2 = nn.Embedding(config.ngram_buckets, hidden) if config.use_ngram2 else None
+        self.bigram = nn.Embedding(config.ngram_buckets, hidden) if config.use_bigram else None
+        self.trigram = nn.Embedding(config.ngram_buckets, hidden) if config.use_trigram else None
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs) -> AleaModel:
+        """``PreTrainedModel.from_pretrained``; checkpoints whose extras were saved under their former names
+        (``ngram`` / ``ngram2``) load into ``bigram`` / ``trigram``."""
+        kwargs.setdefault("key_mapping", _LEGACY_KEYS)
+        return super().from_pretrained(*args, **kwargs)
 
     @classmethod
     def from_backbone(cls, name_or_path_or_config, backbone_kwargs: dict | None = None, **head_kwargs) -> AleaModel:
@@ -208,12 +167,12 @@ class AleaModel(AleaPreTrainedModel):
         embeds = self.backbone.get_input_embeddings()(input_ids)  # (B, L, H)
         if self.aux_embed is not None and role_ids is not None:
             embeds = embeds + self.aux_embed(role_ids)
-        if self.ngram is not None and prev_ids is not None:
+        if self.bigram is not None and prev_ids is not None:
             bucket, valid = _hash_ngram([prev_ids, input_ids], self.config.ngram_buckets)
-            embeds = embeds + self.ngram(bucket) * valid[..., None]
-        if self.ngram2 is not None and prev_ids is not None and prev2_ids is not None:
+            embeds = embeds + self.bigram(bucket) * valid[..., None]
+        if self.trigram is not None and prev_ids is not None and prev2_ids is not None:
             bucket, valid = _hash_ngram([prev2_ids, prev_ids, input_ids], self.config.ngram_buckets)
-            embeds = embeds + self.ngram2(bucket) * valid[..., None]
+            embeds = embeds + self.trigram(bucket) * valid[..., None]
         return embeds
 
     def attention_mask_for(
@@ -318,7 +277,7 @@ class AleaModel(AleaPreTrainedModel):
         """
         was_training = self.training
         self.eval()
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        pad_id = pad_token_id(tokenizer)
         results = []
         for start in range(0, len(decisions), batch_size):
             chunk = decisions[start : start + batch_size]
@@ -330,4 +289,4 @@ class AleaModel(AleaPreTrainedModel):
         return results
 
 
-__all__ = ["TAUS", "AleaConfig", "AleaModel", "AleaOutput", "AleaPreTrainedModel"]
+__all__ = ["AleaModel", "AleaOutput", "AleaPreTrainedModel"]

@@ -90,29 +90,20 @@ def tiny_backbone_config(
     attn_implementation: str = "sdpa",
 ):
     """A tiny decoder config of the given family (``qwen3``, ``llama`` or ``gpt2``) for fast CPU tests."""
+    llama_like = dict(  # qwen3 and llama share these; qwen3 also sets head_dim
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     if family == "qwen3":
-        config = Qwen3Config(
-            vocab_size=vocab_size,
-            hidden_size=hidden_size,
-            intermediate_size=2 * hidden_size,
-            num_hidden_layers=num_layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=hidden_size // 4,
-            max_position_embeddings=4096,
-            tie_word_embeddings=False,
-        )
+        config = Qwen3Config(**llama_like, head_dim=hidden_size // 4)
     elif family == "llama":
-        config = LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=hidden_size,
-            intermediate_size=2 * hidden_size,
-            num_hidden_layers=num_layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=4096,
-            tie_word_embeddings=False,
-        )
+        config = LlamaConfig(**llama_like)
     elif family == "gpt2":
         config = GPT2Config(vocab_size=vocab_size, n_embd=hidden_size, n_layer=num_layers, n_head=4, n_positions=4096)
     else:

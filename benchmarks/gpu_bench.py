@@ -11,10 +11,10 @@ Method:
 2. Each variant trains `full` (every parameter gets gradients) on the five-env mix for `--steps` optimizer steps of
    `--batch` decisions; the first `--warmup` steps are dropped; step times come from a callback with a CUDA sync.
 3. Decisions/s and tokens/s count real (non-padding) tokens of the decisions the loss consumed.
-4. MFU = achieved FLOP/s / peak: per step, 6 x N_params x tokens (forward + backward of the dense layers; actions
-   are sampled from the loss forward, so there is no other forward) plus attention 4 x d_head x heads x layers x
-   (attended query-key pairs) x 3 (forward + backward) using the pairs the segment mask actually allows; peak defaults to 989 TFLOP/s (H100 /
-   H200 dense bf16), set with --peak_tflops.
+4. MFU = achieved FLOP/s / peak: per step, 6 x N_params x tokens (forward + backward of the dense layers; actions are
+   sampled from the loss forward, so there is no other forward) plus attention 4 x d_head x heads x layers x (attended
+   query-key pairs) x 3 (forward + backward) using the pairs the segment mask actually allows; peak defaults to 989
+   TFLOP/s (H100 / H200 dense bf16), set with --peak_tflops.
 Prints a table and, last, one JSON line.
 """
 
@@ -30,7 +30,7 @@ import torch
 from transformers import AutoTokenizer, Qwen3Config, TrainerCallback
 
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
-from alea_trl.packing import allowed_attention
+from alea_trl.attention import allowed_attention
 
 
 ASSET = Path(__file__).resolve().parents[1] / "recipes" / "assets" / "tiny-qwen3"  # the quickstart's tokenizer
@@ -78,7 +78,7 @@ class StepTimer(TrainerCallback):
         self.trainer, self.device, self.times, self.tokens, self.pairs, self.rows = trainer, device, [], [], [], []
         self._t0 = None
         self._step = {"rows": 0, "tokens": 0, "pairs": 0}
-        collate = trainer._collate
+        collate = trainer.policy_forward.collate
 
         def counted_collate(packed):  # the loss forwards' decisions (with grad), as they are laid out
             batch = collate(packed)
@@ -89,7 +89,7 @@ class StepTimer(TrainerCallback):
                 self._step["pairs"] += int(allowed.sum()) - int((batch.question_seg < 0).sum())
             return batch
 
-        trainer._collate = counted_collate
+        trainer.policy_forward.collate = counted_collate
 
     def _sync(self):
         if self.device.type == "cuda":

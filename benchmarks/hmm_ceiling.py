@@ -11,16 +11,16 @@ learning benchmark trains on (1500 steps x 40 decisions x 9/16 of them hmm = 337
 Before training and every ``--eval_every`` steps the greedy act head plays the learning benchmark's own evaluation
 episodes (``evaluate_policy`` at ``EVAL_SEED``, the same 100 episodes) and the figure is the same normalised score
 ``(policy - random) / (oracle - random)`` from exact expected rewards, next to hmm's hand-written references
-(``learning_parts.references.hmm_reference_policies``: the *prior* reads no symbol and scores 0.55).
+(``learning_parts.references.hmm_reference_policies``: the *prior* reads no symbol).
 
-Why: GRPO in ``learning.py`` leaves hmm at the prior's level while the same backbone's question read-outs learn the
-emission table. If this supervised run reaches the oracle, the backbone and the option read-out can represent the
-lookup in this many decisions and what stands in the way is the policy-gradient signal, not the model.
+Why: GRPO in ``learning.py`` can leave hmm's act near the prior's level while the same backbone's question read-outs
+learn the emission table. If this supervised run reaches the oracle, the backbone and the option read-out can
+represent the lookup in this many decisions, and what stands in the way is the policy-gradient signal, not the model.
 
-    python benchmarks/hmm_ceiling.py             # ~6 min on 2 CPU cores
-    python benchmarks/hmm_ceiling.py --quick     # a ~20-second smoke run
+    python benchmarks/hmm_ceiling.py             # the full curve, one process
+    python benchmarks/hmm_ceiling.py --quick     # a smoke run
 
-Prints the curve as a table and, last, one JSON line.
+Prints the curve as a table and, last, one JSON line. Figures and timings of past runs: ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def main() -> None:
     parser.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (as in learning.py)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--ngram", type=int, default=1)
-    parser.add_argument("--ngram2", type=int, default=1)
+    parser.add_argument("--bigram", type=int, default=1)
+    parser.add_argument("--trigram", type=int, default=1)
     parser.add_argument("--aux_embed", type=int, default=1)
     parser.add_argument("--out", default="runs/bench_hmm_ceiling")
     parser.add_argument("--quick", action="store_true", help="~20-second smoke run")

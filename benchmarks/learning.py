@@ -6,30 +6,25 @@ and trigram embeddings, segment-role embeddings: they let a tiny model see "pays
 feature) is trained on CPU, all weights, with GRPO on all five built-in envs (hmm, kelly, newsvendor: dense rewards;
 bandit, nim: outcome rewards) plus the report losses: AdamW at ``--lr`` (backbone, heads and extras), ``--warmup``
 steps of warm-up then cosine decay to 0, ``--batch_size`` decisions per step and process. ``--mix`` sets the training
-share of an env by its number of copies (the default ``hmm=9,kelly=2,bandit=2,nim=2``, newsvendor one copy: 16 in
-all, so hmm trains on 9/16 of the decisions, kelly, bandit and nim on 2/16 each, newsvendor on 1/16). hmm, whose
-state must really be read, gets the most; an outcome env needs more than one share: bandit alone (seed 3) went from
-its init to 0.53 in 8,000 decisions and to the oracle (1.03) in 16,000, and with one copy of 12 (about 4,000
-decisions in 1250 steps) seed 3 never left one arm.
+share of an env by its number of copies (the default ``hmm=9,kelly=2,bandit=2,nim=2``, newsvendor one copy: 16 in all,
+so hmm trains on 9/16 of the decisions, kelly, bandit and nim on 2/16 each, newsvendor on 1/16). hmm, whose state must
+really be read, gets the most. An outcome env needs more than one share: it learns from one return per episode, and
+with too few episodes in a run bandit can stay on one arm throughout.
 
 Two processes. On a 2-core CPU the default command is
 ``accelerate launch --config_file accelerate_configs/cpu_2proc.yaml benchmarks/learning.py``: one training process
 per core (DDP over gloo, each process with its own episode pool seeded by its rank), so a step trains on 2 x 20
 decisions, and the evaluation episodes are shared out between the processes and their figures reduced (the same
-episodes and the same figures as one process). 1500 steps take about 12 minutes there; one process (``python
-benchmarks/learning.py``) trains half the decisions a step and is cut short by ``--budget_s``.
+episodes and the same figures as one process). One process (``python benchmarks/learning.py``) trains half the
+decisions a step and is cut short by ``--budget_s``.
 
 Advantages are each decision's own group's ``(r - mean) / std`` (``--scale_rewards group``, TRL's and the library's
-default) and the report losses weigh ``--report_w 10``. Group scaling gives every dense decision whose k samples
-differ advantages of about +-1, so hmm's decisions where the symbols overturn the prior, often near-ties, weigh as
-much as the prior's clear ones; with one std per env (``batch``) they weigh almost nothing and hmm stayed at or below
-the prior (hmm alone, 800 steps of one process, seed 1: 0.48 with batch, 0.53 with group; the two-process mix, seeds
-0-3, with batch and the former mix ``hmm=6,kelly=3`` over 1250 steps: 0.55 / 0.44 / 0.497 / 0.465; with the defaults:
-0.83 / 0.72 / 0.53 / 0.54; with ``hmm=7`` instead of 9: 0.51 / 0.61 / 0.497 / 0.53, and 1750 steps of that mix on seed
-2 ended at 0.47 with bandit fallen to a state-blind arm below its init). The report weight keeps that policy term from
-drowning the report losses: with group scaling at ``report_w`` 1 (lr 3e-3, seeds 0 and 1, 1000 steps of one process)
-the residual stream grew a few dimensions to |h| ~ 40 on every token within 100 steps and the heads stopped depending
-on the state (hmm 0.20 / 0.16, bandit 0.06 / -0.26).
+default) and the report losses weigh ``--report_w 10``. Group scaling gives every dense decision whose k samples differ
+advantages of about +-1, so hmm's decisions where the symbols overturn the prior, often near-ties, weigh as much as the
+prior's clear ones; with one std per env (``batch``) they weigh almost nothing and hmm ends at or below the prior. The
+report weight keeps that policy term from drowning the report losses: at ``report_w`` 1, with group scaling, a few
+dimensions of the residual stream grow large on every token and the heads stop depending on the state.
+``benchmarks/RESULTS.md`` has the runs behind the mix, the scaling and the report weight.
 
 Before training and every ``--eval_every`` optimizer steps the policy plays ``--eval_episodes`` paired episodes per
 env with ``evaluate_policy`` (greedy act head: the reported figure), always on the same evaluation seed, so every
@@ -37,14 +32,14 @@ point of a curve plays the same episodes as the random and oracle policies. The 
 ``(policy - random) / (oracle - random)``: 0 is random play, 1 is oracle play. For the dense envs it is computed
 from exact expected rewards (``expected_score`` of ``evaluate_policy``: the expected reward of each action taken,
 against the mean and the best expected reward at the same decision), which removes the outcome noise: with realised
-returns the same kelly model scored 0.45 on one set of 100 episodes and 0.24 on another. The JSON also keeps the
+returns it is larger than the gap between two policies over a few hundred decisions. The JSON also keeps the
 realised-return curves (``curves_realised``).
 
 Env instances: by default (``--env_kwargs small``) hmm and nim are smaller than the library defaults, sized for a tiny
 from-scratch model (``SMALL`` in ``learning_parts/references.py``): hmm with 2 regimes, 2 symbols, sharper emissions
 (``emit_alpha`` 0.3) and a horizon of 3, nim with 3 piles of 1..3 stones. Training and evaluation use the same
-instances; ``--env_kwargs default`` runs the library defaults (on which hmm stayed at random play and nim did not
-improve in 1000 steps) and a JSON object sets any env's kwargs. Outcome envs (bandit, nim) are evaluated on
+instances; ``--env_kwargs default`` runs the library defaults (too hard for this model in a run of this length, see
+``SMALL``) and a JSON object sets any env's kwargs. Outcome envs (bandit, nim) are evaluated on
 ``--eval_episodes_outcome`` episodes: their returns are noisier than the dense envs' expected rewards.
 
 Targets: every env's score ends above its init score, and the dense envs reach >= 0.5. The "final" score is the mean
@@ -52,8 +47,8 @@ of the last two evaluations (it smooths the jitter of a greedy policy between ch
 evaluation after init. The "const" column is the best state-blind policy ("always play option i") on the same
 episodes: a policy at that level has learnt which option is good on average, not to read the state.
 
-    accelerate launch --config_file accelerate_configs/cpu_2proc.yaml benchmarks/learning.py   # ~12 min, 2 cores
-    python benchmarks/learning.py --quick          # a ~25-second smoke run, one process
+    accelerate launch --config_file accelerate_configs/cpu_2proc.yaml benchmarks/learning.py   # 2 processes, 2 cores
+    python benchmarks/learning.py --quick          # a smoke run, one process
     python benchmarks/learning.py --seeds 0,1      # one training run per seed, curves averaged over the seeds
 
 The printout and the JSON (``report_skill``) also give each env's report skill per question type, ``1 - loss / loss of
@@ -61,19 +56,20 @@ the no-skill forecast`` (choice against uniform, noul against 1/2, regress again
 shows whether the backbone reads the part of the state a report asks about, apart from the act head. For hmm two
 references put those figures in scale (``hmm_reference``, ``hmm_next_regime_skill``): the expected scores of
 hand-written policies (the start row; the *prior*, i.e. the start row pushed through the transitions, which never reads
-a symbol and already scores about 0.55 on the small instance; the last symbol's emission row; start times emission),
-and the ``next_regime`` skill of the prior and oracle forecasts. An act score near the prior's with a ``choice`` skill
-at the prior forecast's means that the option read-out does not look the symbols up in the emission table.
-``hmm_ceiling.py`` trains the same backbone on hmm with the oracle's act as a supervised target: the ceiling of this
-model on these episodes (0.92 on seed 1), against which the GRPO figures here are read.
+a symbol and already scores well above random play on the small instance; the last symbol's emission row; start times
+emission), and the ``next_regime`` skill of the prior and oracle forecasts. An act score near the prior's with a
+``choice`` skill at the prior forecast's means that the option read-out does not look the symbols up in the emission
+table. ``hmm_ceiling.py`` trains the same backbone on hmm with the oracle's act as a supervised target: the ceiling of
+this model on these episodes, against which the GRPO figures here are read.
 
-Torch runs on one thread by default (``--threads``): on a shared CPU two threads spin-wait and ran ~4x slower. On an
-idle 2-core machine ``--threads 2`` is about 1.35x faster (60 steps: 26 s against 35 s), but its float reductions run
-in another order, so a run does not repeat the 1-thread run's numbers.
+Torch runs on one thread by default (``--threads``): on a CPU shared with other work, extra threads spin-wait for a
+core and slow a run down several times. On an idle machine ``--threads 2`` is faster, but its float reductions run in
+another order, so a run does not repeat the 1-thread run's numbers.
 ``--budget_s`` (default 840 s) ends a run at an evaluation when the next block of steps would pass it, so a slower
 machine still finishes the default command within 15 minutes (with a shorter curve).
 Prints a table (env x evaluation step) and, last, one JSON line with the figures; writes the curves to
-``<out>/learning_curves.png`` and the JSON to ``<out>/learning.json``.
+``<out>/learning_curves.png`` and the JSON to ``<out>/learning.json``. Figures of past runs, with their commands and
+settings: ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -117,20 +113,20 @@ class CurveCallback(TrainerCallback):
         was_training = model.training
         model.eval()
         t0 = time.perf_counter()
-        sums = {}  # one call per env: each env has its own episode count (episode i: seed [EVAL_SEED, 0, i])
-        for env in ENVS:  # under several processes each plays its share of the episodes; the sums are reduced
-            sums |= evaluation_sums(
-                model,
-                self.tokenizer,
-                {env: self.factories[env]},
-                episodes=self.episodes[env],
-                seed=EVAL_SEED,
-                greedy=True,
-                max_len=self.max_len,
-                batch_size=self.batch_size,
-                shard=(trainer.accelerator.process_index, trainer.accelerator.num_processes),
-            )
-        table = table_from_means(trainer._gathered_means(sums))
+        # each env with its own episode count, episode i seeded [EVAL_SEED, 0, i]; under several processes each plays
+        # its share of the episodes and the sums are reduced
+        sums = evaluation_sums(
+            model,
+            self.tokenizer,
+            {env: self.factories[env] for env in ENVS},
+            episodes=self.episodes,
+            seed=EVAL_SEED,
+            greedy=True,
+            max_len=self.max_len,
+            batch_size=self.batch_size,
+            shard=(trainer.accelerator.process_index, trainer.accelerator.num_processes),
+        )
+        table = table_from_means(trainer.gathered_means(sums))
         model.train(was_training)
         scores = {env: float(table[env][SCORE_KEY[env]]) for env in ENVS}
         self.realised.append({env: float(table[env]["normalized_score"]) for env in ENVS})
@@ -163,7 +159,7 @@ class CurveCallback(TrainerCallback):
 
 def tiny_model(args) -> AleaModel:
     """A fresh random-weight Qwen3-shaped AleaModel of ``args.layers`` x ``args.hidden`` (MLP 2x, 32-wide heads) with
-    the input extras ``args.ngram`` / ``args.ngram2`` / ``args.aux_embed``, in float32."""
+    the input extras ``args.bigram`` / ``args.trigram`` / ``args.aux_embed``, in float32."""
     shape = {"num_hidden_layers": args.layers, "hidden_size": args.hidden, "intermediate_size": 2 * args.hidden}
     shape["layer_types"] = ["full_attention"] * args.layers
     shape["num_attention_heads"] = max(1, args.hidden // 32)
@@ -171,8 +167,8 @@ def tiny_model(args) -> AleaModel:
     return AleaModel.from_backbone(
         AutoConfig.from_pretrained(ASSET, **shape),
         backbone_kwargs={"dtype": torch.float32},
-        use_ngram=args.ngram,
-        use_ngram2=args.ngram2,
+        use_bigram=args.bigram,
+        use_trigram=args.trigram,
         use_aux_embed=args.aux_embed,
     )
 
@@ -285,8 +281,8 @@ def main() -> None:
     )
     hp.add_argument("--layers", type=int, default=4, help="backbone decoder layers")
     hp.add_argument("--hidden", type=int, default=128, help="backbone width (MLP 2x, 32-wide heads)")
-    hp.add_argument("--ngram", type=int, default=1, help="hashed bigram embedding (use_ngram)")
-    hp.add_argument("--ngram2", type=int, default=1, help="hashed trigram embedding (use_ngram2)")
+    hp.add_argument("--bigram", type=int, default=1, help="hashed bigram embedding (use_bigram)")
+    hp.add_argument("--trigram", type=int, default=1, help="hashed trigram embedding (use_trigram)")
     hp.add_argument("--aux_embed", type=int, default=1, help="segment-role embedding (use_aux_embed)")
     hp.add_argument("--lr_aux", type=float, default=0.0, help="extras learning rate (0: --lr)")
     hp.add_argument("--schedule", default="cosine", help="lr_scheduler_type (after --warmup steps)")

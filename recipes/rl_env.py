@@ -19,6 +19,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
 from alea_trl.evaluation import format_table
 from alea_trl.trainer.distributed import end_distributed
+from alea_trl.trainer.model_setup import extra_switches
 
 
 @dataclass
@@ -49,13 +50,7 @@ def build_model(script_args: ScriptArguments, training_args: AleaEnvGRPOConfig, 
     backbone_kwargs = {"dtype": getattr(torch, dtype) if isinstance(dtype, str) else dtype}
     if model_args.attn_implementation:
         backbone_kwargs["attn_implementation"] = model_args.attn_implementation
-    return AleaModel.from_backbone(
-        config,
-        backbone_kwargs=backbone_kwargs,
-        use_aux_embed=training_args.use_aux_embed,
-        use_ngram=training_args.use_ngram,
-        use_ngram2=training_args.use_ngram2,
-    )
+    return AleaModel.from_backbone(config, backbone_kwargs=backbone_kwargs, **extra_switches(training_args))
 
 
 def main(script_args: ScriptArguments, training_args: AleaEnvGRPOConfig, model_args: ModelConfig) -> dict:

@@ -21,6 +21,7 @@ from alea_trl import AleaModel
 from alea_trl.decision_data import collect_decisions
 from alea_trl.envs import BUILTIN_ENVS
 from alea_trl.trainer.distributed import end_distributed
+from alea_trl.trainer.model_setup import extra_switches
 from alea_trl.trainer.sft_trainer import AleaSFTConfig, AleaSFTTrainer
 
 
@@ -43,8 +44,8 @@ class SFTScriptArguments:
         default=False, metadata={"help": "Build the backbone from model_name_or_path's config with random weights."}
     )
     use_aux_embed: bool = field(default=False, metadata={"help": "New models: zero-initialised role embeddings."})
-    use_ngram: bool = field(default=False, metadata={"help": "New models: hashed bigram embedding."})
-    use_ngram2: bool = field(default=False, metadata={"help": "New models: hashed trigram embedding."})
+    use_bigram: bool = field(default=False, metadata={"help": "New models: hashed bigram embedding."})
+    use_trigram: bool = field(default=False, metadata={"help": "New models: hashed trigram embedding."})
 
 
 def build_dataset(script_args: SFTScriptArguments, seed: int):
@@ -70,9 +71,7 @@ def build_model(script_args: SFTScriptArguments, model_args: ModelConfig) -> Ale
     kwargs = {"dtype": getattr(torch, dtype)}
     if model_args.attn_implementation:
         kwargs["attn_implementation"] = model_args.attn_implementation
-    heads = dict(
-        use_aux_embed=script_args.use_aux_embed, use_ngram=script_args.use_ngram, use_ngram2=script_args.use_ngram2
-    )
+    heads = extra_switches(script_args)
     config = AutoConfig.from_pretrained(path, revision=model_args.model_revision)
     if config.model_type == "alea":
         return AleaModel.from_pretrained(path, revision=model_args.model_revision, **kwargs)

@@ -1,11 +1,12 @@
-"""evaluate_policy: the normalised and expected scores agree with a brute-force replay of the same episodes."""
+"""evaluate_policy: the normalised and expected scores agree with a brute-force replay of the same episodes; per-env
+episode counts play exactly the episodes of one call per env."""
 
 import numpy as np
 import pytest
 import torch
 
 from alea_trl.envs import make_env
-from alea_trl.evaluation import evaluate_policy, format_table, table_from_means
+from alea_trl.evaluation import evaluate_policy, evaluation_sums, format_table, table_from_means
 from alea_trl.questions import ACT_QID
 
 
@@ -27,11 +28,12 @@ class ConstantPolicy(torch.nn.Module):
         return answers
 
 
-def replay(name: str, action: int, episodes: int, seed: int = 0) -> dict[str, float]:
-    """The figures of the constant policy by stepping the env directly, with evaluate_policy's episode seeds."""
+def replay(name: str, action: int, episodes: int, seed: int = 0, env_idx: int = 0) -> dict[str, float]:
+    """The figures of the constant policy by stepping the env directly, with evaluate_policy's episode seeds (episode
+    ``i`` of the ``env_idx``-th env: ``[seed, env_idx, i]``)."""
     returns, expected = [], np.zeros(3)
     for i in range(episodes):
-        env, total = make_env(name).reset(np.random.default_rng([seed, 0, i])), 0.0
+        env, total = make_env(name).reset(np.random.default_rng([seed, env_idx, i])), 0.0
         while not env.done:
             a = min(action, env.observe().n_legal - 1)
             if env.dense:
@@ -58,6 +60,46 @@ def test_scores_match_brute_force_replay(make_model, tokenizer, name, action):
         assert row["expected_score"] <= 1.0 + 1e-12  # no action beats the best expected reward
     else:
         assert "expected_score" not in row  # outcome envs have no expected reward per action
+
+
+def test_an_int_count_seeds_each_env_by_its_position(make_model, tokenizer):
+    """With one count for all envs, episode i of the k-th env is seeded [seed, k, i] (as it always was)."""
+    table = evaluate_policy(ConstantPolicy(make_model(), 2), tokenizer, ["hmm", "kelly"], episodes=4, seed=3)
+    for k, name in enumerate(("hmm", "kelly")):
+        assert table[name]["return"] == pytest.approx(replay(name, 2, 4, seed=3, env_idx=k)["return"], abs=1e-9)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+@pytest.mark.parametrize("shard", [(0, 1), (1, 2)])
+def test_per_env_counts_equal_one_call_per_env(make_model, tokenizer, greedy, shard):
+    """A mapping of counts plays every env exactly as a call on that env alone: the same sums, forecasts and table."""
+    model, counts = make_model(), {"kelly": 3, "nim": 2, "hmm": 4}
+    options = dict(seed=5, greedy=greedy, shard=shard)
+    forecasts, alone_forecasts, alone = [], [], {}
+    together = evaluation_sums(model, tokenizer, list(counts), episodes=counts, forecasts=forecasts, **options)
+    for name, n in counts.items():
+        alone |= evaluation_sums(model, tokenizer, [name], episodes=n, forecasts=alone_forecasts, **options)
+    assert together == alone and forecasts == alone_forecasts
+    assert {k.split("/")[0] for k in together} == set(counts)
+    table = evaluate_policy(model, tokenizer, list(counts), counts | {"bandit": 9}, **options)  # extra names: ignored
+    for name, n in counts.items():
+        alone_table = evaluate_policy(model, tokenizer, [name], n, **options)
+        np.testing.assert_equal(table[name], alone_table[name])  # NaN figures (nim's may tie) count as equal
+
+
+@pytest.mark.parametrize(
+    "episodes, needle",
+    [
+        ({"kelly": 2}, "env 'nim': field 'episodes': the mapping has no count"),
+        ({"kelly": 2, "nim": 0}, "env 'nim': field 'episodes': must be an integer >= 1, got 0"),
+        ({"kelly": 1.5, "nim": 2}, "env 'kelly': field 'episodes': must be an integer >= 1, got 1.5"),
+        (0, "env 'kelly': field 'episodes': must be an integer >= 1, got 0"),
+        (True, "env 'kelly': field 'episodes'"),
+    ],
+)
+def test_bad_episode_counts_name_the_env_and_field(make_model, tokenizer, episodes, needle):
+    with pytest.raises(ValueError, match=needle):
+        evaluation_sums(make_model(), tokenizer, ["kelly", "nim"], episodes=episodes)
 
 
 def test_expected_score_is_one_for_the_oracle_and_zero_on_average_for_random_play(make_model, tokenizer):

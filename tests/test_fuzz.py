@@ -6,9 +6,10 @@ hold, or a ``ValueError`` naming the field; never another exception type. Valid 
 whose layout invariants hold (or raise a ``ValueError`` with the token count and ``max_len``), and the packed head
 outputs must equal separate unpacked forwards.
 
-All property tests are derandomized so CI is reproducible. Known library bugs found by fuzzing are pinned as minimal
-``test_regression_*`` tests at the end of the file; the inputs that trigger them are kept out of the property
-strategies until they are fixed (flip ``_KNOWN_BUG_INPUTS`` to ``True`` then).
+All property tests are derandomized so CI is reproducible. The ``test_regression_*`` tests at the end of the file pin
+one minimal input each for the raw values a check most easily lets through as another exception type or accepts
+silently (options that are not a list, ints beyond the float range, numeric strings, lone surrogates); the property
+strategies draw such inputs too.
 """
 
 import re
@@ -19,14 +20,12 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from alea_trl.packing import OPTION_TEMPLATE, QUESTION_TEMPLATE, collate_segments, pack_request, unpacked_sequences
+from alea_trl.collate import collate_segments
+from alea_trl.packing import OPTION_TEMPLATE, QUESTION_TEMPLATE, pack_request, unpacked_sequences
 from alea_trl.questions import ACT_QID, QTYPES, Decision, Question, validate_targets
 
 from .test_packing import _packed_answers, _reference_answers
 
-
-_KNOWN_BUG_INPUTS = True
-"""Also draw the inputs of the known bugs pinned by the ``test_regression_*`` tests (flip once they pass)."""
 
 FIELDS = {"qid", "qtype", "text", "options", "n_bins", "state", "questions", "targets", "target"}
 FIELD_RE = re.compile(r"field '(\w+)'")
@@ -100,9 +99,10 @@ _raw_options = [
     st.lists(st.one_of(short_text, st.just(""), junk), min_size=1, max_size=8),
     option_lists(max_size=6).map(lambda xs: xs + xs[:1]),  # duplicate option
     st.dictionaries(short_text, st.integers(), min_size=1, max_size=3),
+    junk,  # scalars and other non-lists (see test_regression_options_not_a_sized_collection)
+    junk,
+    st.lists(st.text(max_size=3), max_size=3).map(lambda xs: (x for x in xs)),  # a generator: no len()
 ]
-if _KNOWN_BUG_INPUTS:  # see test_regression_options_not_a_sized_collection
-    _raw_options += [junk, junk, st.lists(st.text(max_size=3), max_size=3).map(lambda xs: (x for x in xs))]
 
 RAW = {
     "qid": st.one_of(st.just(""), st.just(ACT_QID), fuzz_text, junk),
@@ -205,9 +205,8 @@ def raw_target(draw, question):
         st.just([]),
         st.dictionaries(st.text(max_size=2), st.floats(), max_size=2),
         st.lists(st.integers(-(10**9), 10**9), min_size=1, max_size=4),
+        st.integers(10**309, 10**400),  # beyond the float range (see test_regression_huge_int_target)
     ]
-    if _KNOWN_BUG_INPUTS:  # see test_regression_huge_int_target
-        options.append(st.integers(10**309, 10**400))
     return draw(st.one_of(*options))
 
 
@@ -441,8 +440,8 @@ _small_text = st.one_of(st.text(_chars, min_size=1, max_size=24), st.sampled_fro
 @given(st.data())
 def test_packed_equals_unpacked_fuzz(make_model, tokenizer, data):
     if "model" not in _MODEL:  # one model for all examples (eval mode, no state between forwards)
-        model = make_model(use_aux_embed=True, use_ngram=True, use_ngram2=True)
-        for emb in (model.aux_embed, model.ngram, model.ngram2):  # non-zero extras must follow the unpacked history
+        model = make_model(use_aux_embed=True, use_bigram=True, use_trigram=True)
+        for emb in (model.aux_embed, model.bigram, model.trigram):  # non-zero extras must follow the unpacked history
             torch.nn.init.normal_(emb.weight, std=0.5)
         _MODEL["model"] = model
     model = _MODEL["model"]
@@ -469,14 +468,14 @@ def test_packed_equals_unpacked_fuzz(make_model, tokenizer, data):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Regression tests: library bugs found by the fuzzer. They fail until alea_trl/questions.py (or packing.py) is fixed.
+# Regression tests: minimal raw inputs, one kind per test, that must raise a ValueError naming the field.
 # ---------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("options", [5, True, 2.5, iter(["a", "b"])], ids=["int", "bool", "float", "iterator"])
 def test_regression_options_not_a_sized_collection(options):
-    # BUG: Question.__post_init__ calls len(self.options) before checking its type, so a scalar or an iterator
-    # raises TypeError ("object of type 'int' has no len()") instead of a ValueError naming field 'options'.
+    # options that are not a list or tuple (a scalar, or an iterator without len()) raise a ValueError naming field
+    # 'options', not a TypeError from len()
     with pytest.raises(ValueError, match="field 'options'"):
         Question("act", "choice", "which?", options=options)
 
@@ -487,8 +486,8 @@ def test_regression_options_not_a_sized_collection(options):
     ids=["regress-scalar", "regress-list", "noul", "choice"],
 )
 def test_regression_huge_int_target(qtype, target):
-    # BUG: _finite_array catches TypeError/ValueError around np.asarray(value, dtype=float64), but a Python int
-    # beyond the float range raises OverflowError ("int too large to convert to float"), which escapes.
+    # a Python int beyond the float range, alone or in a list, raises a ValueError naming field 'target', not the
+    # OverflowError of its conversion to float
     q = Question("q", qtype, "how much?", options=["a", "b"] if qtype == "choice" else None)
     decision = Decision("s", [Question("act", "choice", "which?", options=["x"]), q])
     with pytest.raises(ValueError, match="field 'target'"):
@@ -501,8 +500,8 @@ def test_regression_huge_int_target(qtype, target):
     ids=["noul", "regress-scalar", "regress-list", "score"],
 )
 def test_regression_string_target_accepted(qtype, target):
-    # BUG (silent pass): np.asarray(..., dtype=float64) parses numeric strings, so a target "0.5" (an env that
-    # returned text instead of a number) is accepted as 0.5 instead of raising ValueError naming field 'target'.
+    # a numeric string (an env that returned text instead of a number) is refused with a ValueError naming field
+    # 'target', not parsed as the number it spells
     q = Question("q", qtype, "how much?", n_bins=2 if qtype == "score" else None)
     decision = Decision("s", [Question("act", "choice", "which?", options=["x"]), q])
     with pytest.raises(ValueError, match="field 'target'"):
@@ -511,9 +510,8 @@ def test_regression_string_target_accepted(qtype, target):
 
 @pytest.mark.parametrize("where", ["state", "text", "options"])
 def test_regression_lone_surrogate(tokenizer, where):
-    # BUG: a str with a lone surrogate (e.g. from json.loads('"\\ud800"') or a bad decode) passes Question/Decision
-    # validation, then the tokenizer raises TypeError ("TextEncodeInput must be Union[...]") inside pack_request.
-    # Either construction or pack_request should raise a ValueError naming the field.
+    # a str with a lone surrogate (e.g. from json.loads('"\\ud800"') or a bad decode) raises a ValueError naming the
+    # field, at construction or at the latest in pack_request, never the tokenizer's TypeError
     bad = "a\ud800b"
     try:
         d = Decision(

@@ -7,7 +7,8 @@ import torch
 from transformers import AutoModel
 
 from alea_trl import TAUS, AleaConfig, AleaModel
-from alea_trl.packing import collate_segments, pack_request
+from alea_trl.collate import collate_segments
+from alea_trl.packing import pack_request
 from alea_trl.testing import tiny_backbone_config
 
 from .conftest import assert_reloads_identically, random_decision
@@ -50,10 +51,10 @@ def test_predict_returns_valid_answers(make_model, tokenizer):
 
 def test_extras_are_neutral_at_init(make_model, tokenizer):
     plain = make_model(seed=0)
-    extra = make_model(seed=0, use_aux_embed=True, use_ngram=True, use_ngram2=True, ngram_buckets=97)
+    extra = make_model(seed=0, use_aux_embed=True, use_bigram=True, use_trigram=True, ngram_buckets=97)
     missing, unexpected = extra.load_state_dict(plain.state_dict(), strict=False)
-    assert not unexpected and sorted(missing) == ["aux_embed.weight", "ngram.weight", "ngram2.weight"]
-    assert all(float(getattr(extra, m).weight.detach().abs().sum()) == 0.0 for m in ("aux_embed", "ngram", "ngram2"))
+    assert not unexpected and sorted(missing) == ["aux_embed.weight", "bigram.weight", "trigram.weight"]
+    assert all(float(getattr(extra, m).weight.detach().abs().sum()) == 0.0 for m in ("aux_embed", "bigram", "trigram"))
     decisions = _decisions(1, 3)
     _assert_same_answers(plain.predict(decisions, tokenizer), extra.predict(decisions, tokenizer))
 
@@ -117,3 +118,30 @@ def test_predict_rejects_oversize_decision(make_model, tokenizer):
     d = _decisions(5, 1)[0]
     with pytest.raises(ValueError, match="max_len=8"):
         make_model().predict([d], tokenizer, max_len=8)
+
+
+def test_checkpoint_with_the_former_extra_names_loads_the_same_model(make_model, tokenizer, tmp_path):
+    """A checkpoint saved when the n-gram extras were ``use_ngram`` / ``use_ngram2`` (weights ``ngram`` / ``ngram2``)
+    loads into ``bigram`` / ``trigram`` with the same weights and answers."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    model = make_model(seed=1, use_bigram=True, use_trigram=True, ngram_buckets=97)
+    with torch.no_grad():
+        model.bigram.weight.normal_()
+        model.trigram.weight.normal_()
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["use_ngram"], config["use_ngram2"] = config.pop("use_bigram"), config.pop("use_trigram")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    weights = load_file(tmp_path / "model.safetensors")
+    renamed = {k.replace("trigram.", "ngram2.").replace("bigram.", "ngram."): v for k, v in weights.items()}
+    save_file(renamed, tmp_path / "model.safetensors", metadata={"format": "pt"})
+
+    reloaded = AleaModel.from_pretrained(tmp_path).eval()
+    assert reloaded.config.use_bigram and reloaded.config.use_trigram
+    assert torch.equal(reloaded.bigram.weight, model.bigram.weight)
+    assert torch.equal(reloaded.trigram.weight, model.trigram.weight)
+    decisions = _decisions(2, 3)
+    _assert_same_answers(reloaded.predict(decisions, tokenizer), model.predict(decisions, tokenizer), atol=1e-6)

@@ -5,14 +5,9 @@ import random
 import pytest
 import torch
 
-from alea_trl.packing import (
-    OPTION_TEMPLATE,
-    QUESTION_TEMPLATE,
-    allowed_attention,
-    collate_segments,
-    mask_from_segments,
-    pack_request,
-)
+from alea_trl.attention import allowed_attention, mask_from_segments
+from alea_trl.collate import collate_segments
+from alea_trl.packing import OPTION_TEMPLATE, QUESTION_TEMPLATE, pack_request
 
 from .conftest import random_decision
 
@@ -76,9 +71,9 @@ def _packed_answers(model, tok, decisions, row_tokens=None):
 
 @pytest.mark.parametrize("attn,extras", [("sdpa", False), ("eager", False), ("sdpa", True)])
 def test_packed_equals_unpacked(make_model, tokenizer, attn, extras):
-    model = make_model(attn=attn, use_aux_embed=extras, use_ngram=extras, use_ngram2=extras)
+    model = make_model(attn=attn, use_aux_embed=extras, use_bigram=extras, use_trigram=extras)
     if extras:  # make the extras non-zero so the test sees whether they follow the unpacked history
-        for emb in (model.aux_embed, model.ngram, model.ngram2):
+        for emb in (model.aux_embed, model.bigram, model.trigram):
             torch.nn.init.normal_(emb.weight, std=0.5)
     rng = random.Random(0)
     decisions = [random_decision(rng) for _ in range(4)]
@@ -105,9 +100,9 @@ def test_batching_changes_nothing(make_model, tokenizer):
 def test_decisions_sharing_a_row_equal_one_per_row(make_model, tokenizer, attn, extras):
     """Several decisions in one row (``row_tokens``) answer exactly as with one decision per row, and padding
     shrinks."""
-    model = make_model(attn=attn, use_aux_embed=extras, use_ngram=extras, use_ngram2=extras)
+    model = make_model(attn=attn, use_aux_embed=extras, use_bigram=extras, use_trigram=extras)
     if extras:
-        for emb in (model.aux_embed, model.ngram, model.ngram2):
+        for emb in (model.aux_embed, model.bigram, model.trigram):
             torch.nn.init.normal_(emb.weight, std=0.5)
     rng = random.Random(5)
     decisions = [random_decision(rng) for _ in range(7)]

@@ -23,8 +23,8 @@ class AleaEnv:
     """Base class of Alea environments.
 
     Subclasses set ``name`` and ``dense`` and implement ``_reset``, ``_observe``, ``_step``, ``oracle_targets`` and
-    ``oracle_action`` (plus ``action_rewards`` when dense). The public methods wrap them with the checks every env
-    needs.
+    ``oracle_action`` (dense envs implement ``action_rewards`` instead: the default ``oracle_action`` is its argmax).
+    The public methods wrap them with the checks every env needs.
 
     Contract:
         - ``reset(rng) -> self``: start a new episode; all randomness of the episode comes from ``rng``.
@@ -95,8 +95,11 @@ class AleaEnv:
         raise NotImplementedError
 
     def oracle_action(self) -> int:
-        """The best known action at the current decision."""
-        raise NotImplementedError
+        """The best known action at the current decision; dense envs: the argmax of ``action_rewards()`` (lowest index
+        on ties)."""
+        if not self.dense:
+            raise NotImplementedError(f"env {self.name!r}: an outcome env must implement oracle_action()")
+        return int(np.argmax(self.action_rewards()))
 
     def n_legal(self) -> int:
         """Number of legal actions at the current decision."""

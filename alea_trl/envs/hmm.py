@@ -185,15 +185,7 @@ class HMMEnv(AleaEnv):
     name = "hmm"
     dense = True
 
-    def __init__(
-        self,
-        n_regimes: int = 3,
-        n_symbols: int = 3,
-        horizon: int = 10,
-        n_ahead: int = 4,
-        stickiness: float = 3.0,
-        emit_alpha: float = 0.7,
-    ):
+    def __init__(self, n_regimes=3, n_symbols=3, horizon=10, n_ahead=4, stickiness=3.0, emit_alpha=0.7):
         super().__init__()
         for field_name, value, lo, hi in (
             ("n_regimes", n_regimes, 2, len(REGIME_NAMES)),
@@ -212,6 +204,8 @@ class HMMEnv(AleaEnv):
         self.stickiness, self.emit_alpha = float(stickiness), float(emit_alpha)
         self.regime_names = REGIME_NAMES[: self.n_regimes]
         self.symbol_names = SYMBOL_NAMES[: self.n_symbols]
+        self._regimes: list[int] = []  # the hidden regime of every step so far (the truth)
+        self._symbols: list[int] = []  # the symbol of every step so far (what the state text shows)
 
     # ------------------------------------------------------------------------------------------------ parameters
     @property
@@ -228,6 +222,13 @@ class HMMEnv(AleaEnv):
     def emit(self) -> np.ndarray:
         """Emission matrix, exactly as printed."""
         return self._emit_c / 100.0
+
+    @property
+    def symbols(self) -> tuple[int, ...]:
+        """The symbols observed so far in this episode, oldest first, as indices into ``symbol_names``
+        (``symbols[-1]`` is the current step's); empty before the first ``reset``. A copy: reading it changes
+        nothing."""
+        return tuple(self._symbols)
 
     def _posterior(self) -> np.ndarray:
         return forward_filter(self.init, self.trans, self.emit, self._symbols)
@@ -304,12 +305,9 @@ class HMMEnv(AleaEnv):
         return self.n_regimes
 
     def action_rewards(self) -> list[float]:
-        """Expected reward of naming each regime: its filtering posterior probability."""
+        """Expected reward of naming each regime: its filtering posterior probability (the oracle action, their argmax,
+        is the posterior mode)."""
         return self._posterior().tolist()
-
-    def oracle_action(self) -> int:
-        """The posterior mode (lowest index on ties)."""
-        return int(np.argmax(self._posterior()))
 
     def oracle_targets(self) -> dict:
         """Exact targets of ``next_sym``, ``next_regime`` and ``count``."""

@@ -290,9 +290,6 @@ class KellyEnv(AleaEnv):
     def action_rewards(self) -> list[float]:
         return expected_log_growth(self._posterior_mean(), np.array(self.stakes), self.odds).tolist()
 
-    def oracle_action(self) -> int:
-        return int(np.argmax(self.action_rewards()))
-
 
 __all__ = [
     "DEFAULT_STAKES",

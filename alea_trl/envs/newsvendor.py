@@ -302,9 +302,6 @@ class NewsvendorEnv(AleaEnv):
         pmf = self.predictive_pmf()
         return [expected_profit(q, pmf, self.price, self.cost) for q in self.orders]
 
-    def oracle_action(self) -> int:
-        return int(np.argmax(self.action_rewards()))
-
 
 __all__ = [
     "NewsvendorEnv",

@@ -143,14 +143,7 @@ class NimEnv(AleaEnv):
     name = "nim"
     dense = False
 
-    def __init__(
-        self,
-        n_piles: int = 4,
-        min_stones: int = 1,
-        max_stones: int = 7,
-        epsilon: float = 0.3,
-        p_agent_first: float = 0.5,
-    ):
+    def __init__(self, n_piles=4, min_stones=1, max_stones=7, epsilon=0.3, p_agent_first=0.5):
         super().__init__()
         if not 2 <= int(n_piles) <= 26:
             raise ValueError(f"env {self.name!r}: field 'n_piles': must be in 2..26, got {n_piles!r}")

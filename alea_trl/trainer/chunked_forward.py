@@ -20,8 +20,9 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
+from ..collate import PackedBatch
 from ..modeling_alea import AleaOutput
-from ..packing import PackedBatch, PackedRequest
+from ..packing import PackedRequest
 
 
 def length_groups(lengths: list[int], max_tokens: int | None) -> list[list[int]]:

@@ -105,9 +105,9 @@ class AleaEnvGRPOConfig(GRPOConfig):
             Decoder layers trained in `tail` and `lora` modes.
         use_aux_embed (`bool`, *optional*, defaults to `False`):
             New models only: add zero-initialised segment-role embeddings.
-        use_ngram (`bool`, *optional*, defaults to `False`):
+        use_bigram (`bool`, *optional*, defaults to `False`):
             New models only: add a zero-initialised hashed bigram embedding.
-        use_ngram2 (`bool`, *optional*, defaults to `False`):
+        use_trigram (`bool`, *optional*, defaults to `False`):
             New models only: add a zero-initialised hashed trigram embedding.
 
     > Distributed data parallel (TrainingArguments fields with other defaults)
@@ -177,8 +177,8 @@ class AleaEnvGRPOConfig(GRPOConfig):
     train_mode: str = field(default="tail", metadata={"help": "What trains: 'heads', 'tail', 'full' or 'lora'."})
     tail_k: int = field(default=8, metadata={"help": "Decoder layers trained in tail and lora modes."})
     use_aux_embed: bool = field(default=False, metadata={"help": "New models: zero-initialised role embeddings."})
-    use_ngram: bool = field(default=False, metadata={"help": "New models: zero-initialised hashed bigram embedding."})
-    use_ngram2: bool = field(
+    use_bigram: bool = field(default=False, metadata={"help": "New models: zero-initialised hashed bigram embedding."})
+    use_trigram: bool = field(
         default=False, metadata={"help": "New models: zero-initialised hashed trigram embedding."}
     )
 

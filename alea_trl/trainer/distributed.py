@@ -1,14 +1,14 @@
 """Ending a distributed run cleanly.
 
 Design decisions:
-1. The process group is destroyed explicitly, at the end of a script: left to interpreter exit, a gloo worker thread
-   can still be releasing a finished collective's tensors, and the process aborts ("terminate called without an
-   active exception"; seen once in this project's CI, in a two-process test).
+1. The process group is destroyed explicitly, at the end of a script. Left to interpreter exit, the teardown can
+   race a gloo worker thread that is still releasing a finished collective's tensors, and the process aborts with
+   "terminate called without an active exception".
 2. It is destroyed *after* the trainer is gone. While the trainer lives, DDP's reducer holds the group; destroying
    the group first leaves the reducer with the last reference, so freeing the trainer runs the group's destructor,
-   which joins a worker thread that waits for the GIL the main thread holds: a deadlock (seen here: one run in five
-   hung with ``trainer.end()`` called inside the script's ``main``). Hence a function for the script's last line,
-   after ``main`` has returned and its trainer has been collected, rather than ``Trainer.end()`` inside ``main``.
+   which joins a worker thread that waits for the GIL the main thread holds: a deadlock. ``Trainer.end()`` called
+   inside the script's ``main`` destroys the group while the trainer is still alive, i.e. in that order. Hence a
+   function for the script's last line, after ``main`` has returned and its trainer has been collected.
 """
 
 from __future__ import annotations

@@ -1,28 +1,81 @@
-"""The Alea GRPO loss: clipped-ratio policy gradient over sampled actions, exact KL to the reference over the legal
-options, and proper-scoring report losses. Pure tensor functions, tested on hand-built tensors.
+"""The Alea GRPO objective: advantages, the clipped-ratio policy loss over sampled actions, the exact KL to the
+reference over the legal options, and the proper-scoring report losses. Pure tensor functions, tested on hand-built
+tensors; the trainers and the benchmarks' unpacked loop call the same ones.
 
 Design decisions:
-1. One decision row holds up to k sampled actions (dense) or one replayed action (outcome); ``sample_mask`` marks the
+1. Dense decisions: the k sampled actions' exact expected rewards give the group advantage ``(r - mean) / (std +
+   1e-4)`` (``scale_rewards`` "group", "batch" or "none"; "batch" takes one std per env, since envs report rewards in
+   their own units). Outcome decisions: the episode return against a window of that env's recent returns.
+2. One decision row holds up to k sampled actions (dense) or one replayed action (outcome); ``sample_mask`` marks the
    real ones. The policy loss is the mean over real samples of ``max(-A r, -A clip(r, 1-eps_low, 1+eps_high))`` with
    ``r = exp(logp - old_logp)`` (PPO/GRPO, Schulman et al. 2017; Shao et al. 2024).
-2. With one action per sample, TRL's loss types (grpo, dapo, dr_grpo, bnpo) coincide up to a constant; the mean over
+3. With one action per sample, TRL's loss types (grpo, dapo, dr_grpo, bnpo) coincide up to a constant; the mean over
    samples is used.
-3. The KL is exact, ``sum_a p(a) (log p(a) - log p_ref(a))`` over the legal actions, not a sampled estimator.
-4. Report losses are computed per question with the strictly proper rule of its qtype against the oracle target.
+4. The KL is exact, ``sum_a p(a) (log p(a) - log p_ref(a))`` over the legal actions, not a sampled estimator; it is a
+   mean over the rows whose KL trains in this forward (``kl_report_mask``).
+5. Report losses are computed per question with the strictly proper rule of its qtype against the oracle target.
+6. Every head takes part in every loss (at weight 0 when it has no term): DDP runs without searching for unused
+   parameters.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
+from ..collate import PackedBatch
 from ..losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
-from ..packing import PackedBatch
 from ..questions import ACT_QID, QTYPES
 
 
+# ---------------------------------------------------------------------------------------------------- advantages
+def group_advantages(
+    rewards: torch.Tensor, scale_rewards: str, batch_std: float | torch.Tensor | None = None
+) -> torch.Tensor:
+    """GRPO advantages of the k rewards of a decision (the last dimension; a `(D, k)` tensor holds D decisions):
+    centred on their mean, scaled as ``scale_rewards`` says. A group whose rewards are all equal has no signal and
+    gets exactly zero (rounding in the mean would otherwise be amplified by the scaling). With ``"batch"``,
+    ``batch_std`` is one float or a `(D, 1)` tensor (each decision's env's std, see `env_batch_std`)."""
+    centred = rewards - rewards.mean(-1, keepdim=True)
+    if scale_rewards == "group":
+        centred = centred / (rewards.std(-1, keepdim=True) + 1e-4)
+    elif scale_rewards == "batch":
+        centred = centred / ((batch_std if batch_std is not None else 0.0) + 1e-4)
+    no_signal = (rewards == rewards[..., :1]).all(-1, keepdim=True)
+    return centred.masked_fill(no_signal, 0.0)
+
+
+def env_batch_std(rewards: torch.Tensor, env_ids: torch.Tensor) -> torch.Tensor:
+    """The std of all the sampled rewards in a batch that belong to the same env, for each decision: `(D, 1)` from
+    `(D, k)` rewards and `(D,)` env ids. It is TRL's ``scale_rewards="batch"`` taken per env: the envs of a mix
+    report rewards in their own units (newsvendor in money, kelly in log growth), so one std over all of them would
+    leave every env but the largest-scale one with near-zero advantages."""
+    out = torch.empty(rewards.shape[0], 1, dtype=rewards.dtype)
+    for env in env_ids.unique().tolist():
+        rows = env_ids == env
+        out[rows] = rewards[rows].std() if rewards[rows].numel() > 1 else 0.0
+    return out
+
+
+def outcome_advantage(ret: float, recent_returns: Sequence[float], scale: bool) -> float:
+    """Advantage of an outcome episode's return against its env's recent returns (which include it): centred on
+    their mean and, with ``scale``, divided by their std; 0 while fewer than two returns are known."""
+    window = np.asarray(recent_returns, dtype=np.float64)
+    if len(window) < 2:
+        return 0.0
+    adv = ret - window.mean()
+    if scale:
+        adv /= window.std() + 1e-4
+    return float(adv) if math.isfinite(adv) else 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------- terms
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -120,4 +173,131 @@ def act_logits_of(output, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tenso
     return logits[:, :width], legal[:, :width]
 
 
-__all__ = ["act_logits_of", "exact_kl", "policy_loss", "report_losses"]
+@dataclass
+class LossTerms:
+    """The parts of one forward's loss, for logging.
+
+    Attributes:
+        policy (`torch.Tensor`): the clipped policy loss (a scalar).
+        kl (`torch.Tensor` of shape `(N,)`): each row's exact KL, 0 for rows whose KL does not train here.
+        report (`torch.Tensor`): the mean report loss (0 when no report has a target).
+        has_reports (`bool`): whether any report question had a target.
+        clip_ratio (`torch.Tensor`): the share of policy samples whose ratio was clipped.
+        reports (`dict[str, list[torch.Tensor]]`): per qtype, the per-question report losses.
+    """
+
+    policy: torch.Tensor
+    kl: torch.Tensor
+    report: torch.Tensor
+    has_reports: bool
+    clip_ratio: torch.Tensor
+    reports: dict[str, list[torch.Tensor]]
+
+
+def _fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x`` `(N, W)` cut or zero-padded to `(N, width)`."""
+    return x[:, :width] if x.shape[-1] >= width else F.pad(x, (0, width - x.shape[-1]))
+
+
+def grpo_loss(
+    output,
+    batch: PackedBatch,
+    inputs: dict,
+    *,
+    temperature: float,
+    epsilon_low: float,
+    epsilon_high: float,
+    beta: float,
+    report_w: float,
+    taus: Sequence[float],
+) -> tuple[torch.Tensor, LossTerms]:
+    """The whole objective of one forward: clipped policy loss + ``beta`` x exact KL + ``report_w`` x report loss.
+
+    Args:
+        output (`AleaOutput`): the model's outputs for ``batch`` (with autograd).
+        batch (`PackedBatch`): the decisions (only their ``questions`` are read).
+        inputs (`dict`): the loss inputs of the rows (see `alea_trl.trainer.loss_inputs.rows_to_inputs`):
+            ``actions``, ``sample_mask``, ``old_logps``, ``advantages`` `(N, k)`; ``kl_report_mask`` `(N,)`;
+            ``ref_logps`` `(N, A)`; ``targets`` (one dict per row).
+        temperature (`float`): the sampling temperature (the policy is ``softmax(logits / temperature)``).
+        epsilon_low, epsilon_high (`float`): the ratio clip range.
+        beta (`float`): weight of the KL term.
+        report_w (`float`): weight of the report loss.
+        taus (`Sequence[float]`): the regress head's quantile levels.
+
+    Returns:
+        `(torch.Tensor, LossTerms)`: the loss and its parts.
+    """
+    device = output.choice_logits.device
+    act_logits, legal = act_logits_of(output, batch)  # (N, A)
+    logp_all = torch.log_softmax(act_logits.float() / temperature, -1)  # (N, A)
+    logp = logp_all.gather(1, inputs["actions"].to(device))  # (N, k)
+    old_logp, advantages = inputs["old_logps"].to(device), inputs["advantages"].to(device)
+    pg_loss, clip_ratio = policy_loss(
+        logp, old_logp, advantages, inputs["sample_mask"].to(device), epsilon_low, epsilon_high
+    )
+    loss = pg_loss
+    kl_report_mask = inputs["kl_report_mask"].to(device)  # (N,): rows whose KL and reports train here
+    kl = torch.zeros(len(inputs["packed"]), device=device)  # (N,)
+    if beta != 0.0:
+        ref_logp = _fit_width(inputs["ref_logps"].to(device), logp_all.shape[-1])  # (N, A)
+        kl = exact_kl(logp_all, ref_logp, legal) * kl_report_mask
+        loss = loss + beta * kl.sum() / kl_report_mask.sum().clamp(min=1.0)
+    reports = report_losses(output, batch, inputs["targets"], taus)
+    report_loss, has_reports = mean_report_loss(reports, device)
+    loss = loss + report_w * report_loss
+    # every head takes part in every step (DDP without find_unused_parameters): zero-weight touch
+    touch = output.option_logits.sum() + output.noul_logits.sum() + output.quantiles.sum()
+    touch = touch + output.score_logits.masked_fill(~torch.isfinite(output.score_logits), 0.0).sum()
+    loss = loss + 0.0 * touch
+    return loss, LossTerms(pg_loss, kl, report_loss, has_reports, clip_ratio, reports)
+
+
+def supervised_loss(
+    output, batch: PackedBatch, act_targets: list[torch.Tensor], targets: list[dict], *, act_w, report_w, taus
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, list[torch.Tensor]]]:
+    """The supervised objective (the SFT warm start): ``act_w`` x log score of the act head against each decision's
+    act target distribution + ``report_w`` x the report losses.
+
+    Args:
+        output (`AleaOutput`), batch (`PackedBatch`): the forward and its decisions.
+        act_targets (`list[torch.Tensor]`): per decision, a distribution over its legal actions.
+        targets (`list[dict]`): per decision, the validated report targets.
+        act_w, report_w (`float`): the weights.
+        taus (`Sequence[float]`): the regress head's quantile levels.
+
+    Returns:
+        `(torch.Tensor, torch.Tensor, dict)`: the loss, the act loss and the per-qtype report losses.
+    """
+    act_logits, _ = act_logits_of(output, batch)  # (N, A)
+    act_t = torch.nn.utils.rnn.pad_sequence([t.float().to(act_logits.device) for t in act_targets], batch_first=True)
+    if act_t.shape[-1] > act_logits.shape[-1]:
+        raise ValueError(
+            f"supervised_loss: field 'act_targets': a target has {act_t.shape[-1]} entries, more than the "
+            f"{act_logits.shape[-1]} legal actions of the widest decision"
+        )
+    act_loss = choice_loss(act_logits, _fit_width(act_t, act_logits.shape[-1]))
+    reports = report_losses(output, batch, targets, taus)
+    report_loss, _ = mean_report_loss(reports, act_logits.device)
+    return act_w * act_loss + report_w * report_loss, act_loss, reports
+
+
+def mean_report_loss(reports: dict[str, list[torch.Tensor]], device) -> tuple[torch.Tensor, bool]:
+    """The mean of all per-question report losses (0 when there is none), and whether there was any."""
+    terms = [t for ts in reports.values() for t in ts]
+    return (torch.stack(terms).mean() if terms else torch.zeros((), device=device)), bool(terms)
+
+
+__all__ = [
+    "LossTerms",
+    "act_logits_of",
+    "env_batch_std",
+    "exact_kl",
+    "group_advantages",
+    "grpo_loss",
+    "outcome_advantage",
+    "policy_loss",
+    "mean_report_loss",
+    "report_losses",
+    "supervised_loss",
+]

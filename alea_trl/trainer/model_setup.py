@@ -16,11 +16,12 @@ from __future__ import annotations
 from torch import nn
 from transformers import AutoConfig
 
+from ..configuration_alea import EXTRA_EMBEDDINGS
 from ..modeling_alea import AleaModel
 
 
 HEADS = ("choice_head", "score_head", "noul_head", "regress_head")
-EXTRAS = ("aux_embed", "ngram", "ngram2")
+EXTRAS = tuple(EXTRA_EMBEDDINGS.values())
 
 
 def resolve_model(model, args) -> AleaModel:
@@ -34,19 +35,18 @@ def resolve_model(model, args) -> AleaModel:
     init_kwargs = dict(args.model_init_kwargs or {})
     if AutoConfig.from_pretrained(model, **_hub_kwargs(init_kwargs)).model_type == "alea":
         return _check_extras(AleaModel.from_pretrained(model, **init_kwargs), args)
-    return AleaModel.from_backbone(
-        model,
-        backbone_kwargs=init_kwargs,
-        use_aux_embed=args.use_aux_embed,
-        use_ngram=args.use_ngram,
-        use_ngram2=args.use_ngram2,
-    )
+    return AleaModel.from_backbone(model, backbone_kwargs=init_kwargs, **extra_switches(args))
+
+
+def extra_switches(args) -> dict[str, bool]:
+    """The input-side extras a config (``AleaEnvGRPOConfig`` or a script's arguments) asks new models to have."""
+    return {switch: getattr(args, switch) for switch in EXTRA_EMBEDDINGS}
 
 
 def _check_extras(model: AleaModel, args) -> AleaModel:
     """An existing Alea model keeps its own extras: a ``use_*`` switch asking for one it lacks is an error, not a
     silent no-op."""
-    for field_name, module in (("use_aux_embed", "aux_embed"), ("use_ngram", "ngram"), ("use_ngram2", "ngram2")):
+    for field_name, module in EXTRA_EMBEDDINGS.items():
         if getattr(args, field_name) and getattr(model, module, None) is None:
             raise ValueError(
                 f"AleaEnvGRPOTrainer: field '{field_name}': the given Alea model has no {module} table and the switch "
@@ -172,4 +172,11 @@ def grouped_optimizer(trainer):
     return optimizer_cls(groups, **optimizer_kwargs)
 
 
-__all__ = ["apply_train_mode", "decoder_layers", "grouped_optimizer", "lora_config", "param_groups", "resolve_model"]
+__all__ = [
+    "apply_train_mode",
+    "decoder_layers",
+    "grouped_optimizer",
+    "lora_config",
+    "param_groups",
+    "resolve_model",
+]

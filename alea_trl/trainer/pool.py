@@ -1,4 +1,4 @@
-"""The episode pool: live episodes per env on one process, fair scheduling, recycling, and the queue of ready rows.
+"""The episode pool: live episodes per env on one process, fair scheduling, recycling, and recent returns.
 
 Design decisions:
 1. Each process owns a pool seeded from ``(seed, rank)``: ``eps_per_env`` live episodes per env, every one drawing
@@ -6,18 +6,14 @@ Design decisions:
 2. Scheduling is fair across envs: decisions are taken round-robin over envs (one live episode of each env in turn,
    starting from a rotating env), so an env with long states or long episodes cannot crowd the others out.
 3. A finished episode is recycled at once (reset with the pool's generator) and its return recorded.
-4. Rows (decisions ready for the loss) wait in a FIFO queue: outcome decisions when their episode ends, and (when
-   actions come from a separate rollout forward) dense decisions as soon as their k actions are sampled. A batch
-   takes the oldest rows; the rest wait for the next.
-5. Outcome returns are normalised per env against a window of that env's recent returns, since envs' returns live
-   on different scales.
-6. The whole pool (envs, generators, open outcome decisions, queue, return windows) pickles, so a checkpoint carries
-   it and training resumes where it stopped.
+4. Each env keeps a window of its recent returns: outcome advantages are normalised per env against it, since envs'
+   returns live on different scales.
+5. The whole pool (envs, generator, open outcome decisions, return windows) pickles, so a checkpoint carries it and
+   training resumes where it stopped.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,7 +52,6 @@ class EpisodePool:
             name: [Episode(name, factory().reset(rng)) for _ in range(eps_per_env)]
             for name, factory in factories.items()
         }
-        self.queue: deque = deque()
         self.returns: dict[str, deque] = {name: deque(maxlen=baseline_window) for name in self.env_names}
         self._turn = 0
         self._cursor: dict[str, int] = {}
@@ -96,19 +91,10 @@ class EpisodePool:
         self.reset_episode(episode)
         return ret
 
-    def normalise(self, env_name: str, ret: float, scale: bool) -> float:
-        """Advantage of an outcome return against the env's recent returns (the return must be recorded first)."""
-        window = np.asarray(self.returns[env_name], dtype=np.float64)
-        if len(window) < 2:
-            return 0.0
-        adv = ret - window.mean()
-        if scale:
-            adv /= window.std() + 1e-4
-        return float(adv) if math.isfinite(adv) else 0.0
 
-    def take(self, n: int) -> list:
-        """The ``n`` oldest ready rows."""
-        return [self.queue.popleft() for _ in range(min(n, len(self.queue)))]
+def np_rng_for_rank(seed: int, rank: int) -> np.random.Generator:
+    """The pool generator of one process."""
+    return np.random.default_rng([seed, rank])
 
 
-__all__ = ["Episode", "EpisodePool"]
+__all__ = ["Episode", "EpisodePool", "np_rng_for_rank"]

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 import torch
 from transformers import Trainer, TrainingArguments
 
+from ..collate import collate_segments, pad_token_id
 from ..decision_data import decision_from_row
-from ..losses import choice_loss
-from ..packing import collate_segments, pack_request
+from ..packing import pack_request
 from ..questions import QTYPES
-from .loss import act_logits_of, report_losses
+from .loss import supervised_loss
 from .model_setup import apply_train_mode, grouped_optimizer
 
 
@@ -62,8 +62,7 @@ class DecisionCollator:
 
     def __init__(self, tokenizer, max_len: int):
         self.tokenizer, self.max_len = tokenizer, max_len
-        pad = tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+        self.pad_id = pad_token_id(tokenizer)
 
     def __call__(self, rows: list[dict]) -> dict:
         packed, targets, acts = [], [], []
@@ -112,16 +111,15 @@ class AleaSFTTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         batch = inputs["batch"].to(self.args.device)
         output = model(**batch.model_inputs())
-        act_logits, _ = act_logits_of(output, batch)
-        act_t = torch.zeros_like(act_logits, dtype=torch.float32)
-        for i, t in enumerate(inputs["act_targets"]):
-            act_t[i, : t.shape[0]] = t.to(act_t.device)
-        act_loss = choice_loss(act_logits, act_t)
-        taus = self.accelerator.unwrap_model(model).config.taus
-        reports = report_losses(output, batch, inputs["targets"], taus)
-        terms = [t for ts in reports.values() for t in ts]
-        report_loss = torch.stack(terms).mean() if terms else act_loss.new_zeros(())
-        loss = self.args.act_w * act_loss + self.args.report_w * report_loss
+        loss, act_loss, reports = supervised_loss(
+            output,
+            batch,
+            inputs["act_targets"],
+            inputs["targets"],
+            act_w=self.args.act_w,
+            report_w=self.args.report_w,
+            taus=self.accelerator.unwrap_model(model).config.taus,
+        )
         mode = "train" if model.training else "eval"
         self._metrics[mode]["loss/act"].append(act_loss.item())
         for q in QTYPES:

@@ -19,8 +19,9 @@ import contextlib
 import torch
 from torch import nn
 
+from ..collate import PackedBatch
+from ..configuration_alea import EXTRA_EMBEDDINGS
 from ..modeling_alea import AleaModel, group_option_logits
-from ..packing import PackedBatch
 from .model_setup import decoder_layers
 
 
@@ -37,7 +38,7 @@ def first_shared_layer(model: AleaModel, train_mode: str, tail_k: int) -> int | 
     is not shared (full / lora modes, or input-side extras)."""
     if train_mode not in ("heads", "tail"):
         return None
-    if any(getattr(model, name, None) is not None for name in ("aux_embed", "ngram", "ngram2")):
+    if any(getattr(model, name, None) is not None for name in EXTRA_EMBEDDINGS.values()):
         return None
     n = len(decoder_layers(model.backbone)[1])
     return n if train_mode == "heads" else max(n - tail_k, 0)

@@ -14,10 +14,10 @@ import torch
 ENVS = ["hmm", "kelly", "newsvendor", "bandit", "nim"]
 DENSE = ["hmm", "kelly", "newsvendor"]
 # Env instances sized for a tiny from-scratch model (``--env_kwargs small``, the default). hmm: 2 regimes, 2 symbols,
-# sharper emissions, 3 decisions per episode (the library default, 3 x 3 over 10 steps, did not move from random in
-# 1000 steps: the answer is a lookup in the printed emission table at a position that moves as the symbol list grows);
-# nim: 3 piles of 1..3 stones (the default 4 piles of 1..7 needs the nim-sum of 3-bit numbers). ``--env_kwargs
-# default`` runs the library defaults of every env.
+# sharper emissions, 3 decisions per episode (in the library default, 3 x 3 over 10 steps, the answer is a lookup in
+# the printed emission table at a position that moves as the symbol list grows: too hard for a tiny model in a run of
+# this length, see benchmarks/RESULTS.md); nim: 3 piles of 1..3 stones (the default 4 piles of 1..7 needs the nim-sum
+# of 3-bit numbers). ``--env_kwargs default`` runs the library defaults of every env.
 SMALL = {
     "hmm": {"n_regimes": 2, "n_symbols": 2, "emit_alpha": 0.3, "horizon": 3},
     "nim": {"n_piles": 3, "max_stones": 3},
@@ -73,7 +73,7 @@ def best_constant(
 def hmm_prior(env) -> np.ndarray:
     """hmm's regime distribution at the current step before any symbol is read: the start row pushed through the
     transition matrix once per step."""
-    return env.init @ np.linalg.matrix_power(env.trans, len(env._symbols) - 1)
+    return env.init @ np.linalg.matrix_power(env.trans, len(env.symbols) - 1)
 
 
 def hmm_reference_policies(episodes: int, env_kwargs: dict) -> dict[str, float]:
@@ -88,8 +88,8 @@ def hmm_reference_policies(episodes: int, env_kwargs: dict) -> dict[str, float]:
     policies = {  # weights over the regimes; the policy plays their argmax
         "start": lambda e: e.init,
         "prior": hmm_prior,
-        "last_emission": lambda e: e.emit[:, e._symbols[-1]],
-        "start_x_last_emission": lambda e: e.init * e.emit[:, e._symbols[-1]],
+        "last_emission": lambda e: e.emit[:, e.symbols[-1]],
+        "start_x_last_emission": lambda e: e.init * e.emit[:, e.symbols[-1]],
     }
     return {
         name: _expected_score(play_eval_episodes(env, episodes, lambda e, w=w: int(np.argmax(w(e))))[1])

@@ -7,18 +7,31 @@ import tempfile
 from types import SimpleNamespace
 
 import torch
-from transformers import PrinterCallback, Trainer
+from transformers import PrinterCallback, Trainer, TrainerCallback
 
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
 from alea_trl.envs import BUILTIN_ENVS, make_env
 from alea_trl.packing import unpacked_sequences
-from alea_trl.trainer.loss import act_logits_of, policy_loss, report_losses
+from alea_trl.questions import ACT_QID
+from alea_trl.trainer.loss import act_logits_of, grpo_loss
+from alea_trl.trainer.loss_inputs import sampled_forward_inputs
 from alea_trl.trainer.model_setup import apply_train_mode, param_groups
-from alea_trl.trainer.pool import EpisodePool
-from alea_trl.trainer.rollout import Rollout, act_index, fused_inputs, np_rng_for_rank
+from alea_trl.trainer.observation import Wave
+from alea_trl.trainer.pool import EpisodePool, np_rng_for_rank
+from alea_trl.trainer.rollout import Rollout
 
 from .models import CPU_RUN, LEARNING_RATE, MAX_STEPS, Models
 from .timing import Probe, Runner, RunnerCallback
+
+
+def act_index(packed) -> int:
+    """Position of the act question among a packed decision's questions."""
+    return next(i for i, q in enumerate(packed.questions) if q.qid == ACT_QID)
+
+
+def wave_subset(wave: Wave, indices: list[int]) -> Wave:
+    """The decisions of ``wave`` at ``indices``, in that order."""
+    return Wave(*([getattr(wave, f)[i] for i in indices] for f in ("episodes", "packed", "targets", "rewards")))
 
 
 def prefill(rollout: Rollout, waves: int) -> None:
@@ -32,8 +45,8 @@ def prefill(rollout: Rollout, waves: int) -> None:
         return logits, logits  # policy and reference (used when beta != 0)
 
     for _ in range(waves):
-        rollout.wave(uniform)
-    rollout.pool.queue.clear()
+        rollout.run_wave(uniform)
+    rollout.queue.clear()
     rollout.pop_stats()
 
 
@@ -46,6 +59,7 @@ def alea_args(
     decisions: int,
     train_mode: str,
     max_batch_tokens: int | None = None,
+    logging_steps: int = CPU_RUN["logging_steps"],
 ) -> AleaEnvGRPOConfig:
     return AleaEnvGRPOConfig(
         output_dir=out_dir,
@@ -54,7 +68,7 @@ def alea_args(
         num_generations=k,
         train_mode=train_mode,
         beta=beta,
-        **CPU_RUN,
+        **(CPU_RUN | {"logging_steps": logging_steps}),
         lr_head=LEARNING_RATE,
         lr_aux=LEARNING_RATE,
         max_len=1024,  # the longest decision of the five envs is ~340 tokens
@@ -76,6 +90,7 @@ def packed_body(models: Models, tokenizer, k: int, opts):
                 decisions=opts.decisions,
                 train_mode=opts.train_mode,
                 max_batch_tokens=opts.max_batch_tokens or None,
+                logging_steps=1,  # the token metrics of every step (TokenCallback)
             )
             model = models.fresh_alea()
             trainer = AleaEnvGRPOTrainer(
@@ -87,22 +102,25 @@ def packed_body(models: Models, tokenizer, k: int, opts):
             if getattr(trainer, "ref_model", None) is not None:  # beta != 0: the reference's forwards are model time
                 probe.attach_backbone(trainer.accelerator.unwrap_model(trainer.ref_model).backbone)
             probe.wrap(trainer.accelerator, "backward", "backward")
-            probe.wrap(trainer, "_clip_grad_norm", "clip")
-            collate = trainer._collate
-
-            def recorded_collate(packed):
-                batch = collate(packed)
-                if runner.measuring and torch.is_grad_enabled():  # the loss forwards (not a no-grad rollout)
-                    lengths = [len(p) for p in packed]
-                    runner.tokens.extend(lengths)
-                    runner.extra["loss_padding_fraction"].append(1.0 - sum(lengths) / batch.input_ids.numel())
-                return batch
-
-            trainer._collate = recorded_collate
+            probe.wrap(trainer.accelerator, "clip_grad_norm_", "clip")
+            trainer.add_callback(TokenCallback(runner))
             prefill(trainer.rollout, opts.prefill_waves)
             trainer.train()
 
     return body
+
+
+class TokenCallback(TrainerCallback):
+    """Records the trainer's logged token metrics of the loss forwards (tokens per decision, padding) while the
+    runner measures."""
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.runner.measuring and logs and "tokens/per_decision" in logs:
+            self.runner.tokens.append(logs["tokens/per_decision"])
+            self.runner.extra["loss_padding_fraction"].append(logs["tokens/padding_fraction"])
 
 
 # ----------------------------------------------------------------------------------------------------- (b)
@@ -166,10 +184,11 @@ class UnpackedLoop:
         """One optimizer step over ``decisions`` decisions, sampling from the loss forward as (a) does: outcome
         decisions whose episode ended (replayed, policy term only), then fresh decisions, sorted by length and
         forwarded in chunks; each chunk's fresh actions are sampled from its detached act logits, its envs stepped,
-        and its share of the loss back-propagated."""
+        and its share of the step's loss (the library's ``grpo_loss``, weighted by its share of the step's policy
+        samples and report terms) back-propagated."""
         model, args, rollout = self.model, self.args, self.rollout
         model.train()
-        replay = rollout.pool.take(self.decisions)
+        replay = rollout.take(self.decisions)
         wave = rollout.observe_wave(self.decisions - len(replay))
         packed = [row.packed for row in replay] + wave.packed
         n_replay = len(replay)
@@ -182,7 +201,8 @@ class UnpackedLoop:
         tokens = [sum(len(s) for s in seqs) for seqs, *_ in per_decision]
         real = padded = 0
         for chunk in _chunks([lengths[i] for i in order], self.chunk_tokens, by_sum=True):
-            idx = [order[i] for i in chunk]
+            # replayed decisions first, then fresh ones: the order of the loss inputs
+            idx = sorted((order[i] for i in chunk), key=lambda d: d >= n_replay)
             seqs, q_rows, o_rows, o_question, q_bins, questions = [], [], [], [], [], []
             for d in idx:
                 s, q_local, o_local, o_q = per_decision[d]
@@ -197,26 +217,27 @@ class UnpackedLoop:
             real += sum(len(x) for x in seqs)
             padded += len(seqs) * max(len(x) for x in seqs)
             batch = SimpleNamespace(questions=questions)
-            act, _ = act_logits_of(out, batch)
             # sample the chunk's fresh decisions from its own forward and step their envs
-            fresh = [j for j, d in enumerate(idx) if d >= n_replay]
-            sub = wave.subset([idx[j] - n_replay for j in fresh])
-            rows = rollout.advance(sub, act[fresh])
             chunk_replay = [replay[d] for d in idx if d < n_replay]
-            inputs = fused_inputs(chunk_replay, sub, rows, self.k, rollout.env_index)
-            sel = torch.tensor([j for j, d in enumerate(idx) if d < n_replay] + fresh)  # inputs' row order
-            logp_all = torch.log_softmax(act[sel].float() / args.temperature, -1)
-            mask = inputs["sample_mask"]
-            logp = logp_all.gather(1, inputs["actions"])
-            pg, _ = policy_loss(logp, inputs["old_logps"], inputs["advantages"], mask, args.epsilon, self.epsilon_high)
-            loss = pg * (float(mask.sum()) / max(n_samples, 1))
-            chunk_targets = [{} for _ in idx]
-            for j, t in zip(sel.tolist(), inputs["targets"]):
-                chunk_targets[j] = t
-            reports = report_losses(out, batch, chunk_targets, list(model.config.taus))
-            terms = [t for ts in reports.values() for t in ts]
-            if terms:
-                loss = loss + args.report_w * torch.stack(terms).sum() / n_reports
+            sub = wave_subset(wave, [d - n_replay for d in idx if d >= n_replay])
+            act, _ = act_logits_of(out, batch)
+            rows = rollout.advance(sub, act[len(chunk_replay) :])
+            inputs = sampled_forward_inputs(chunk_replay, sub, rows, self.k, rollout.env_index)
+            _, terms = grpo_loss(
+                out,
+                batch,
+                inputs,
+                temperature=args.temperature,
+                epsilon_low=args.epsilon,
+                epsilon_high=self.epsilon_high,
+                beta=0.0,
+                report_w=args.report_w,
+                taus=list(model.config.taus),
+            )
+            loss = terms.policy * (float(inputs["sample_mask"].sum()) / max(n_samples, 1))
+            n_terms = sum(len(ts) for ts in terms.reports.values())
+            if n_terms:
+                loss = loss + args.report_w * terms.report * (n_terms / n_reports)
             rollout.prefetch(sub.episodes)  # as the trainer does: their next decisions observed during backward
             with self.probe.time("backward"):
                 loss.backward()

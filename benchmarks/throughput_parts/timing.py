@@ -76,9 +76,9 @@ class Runner:
     seconds were measured, and returns that block's measurements. A variant is paused (suspended in ``step_end``)
     while the others run, so each block's window starts when it is resumed.
 
-    Greenlets, not threads: every variant runs in the main OS thread. On this machine a second live thread that owns
-    an OpenMP team (a paused variant) makes torch's intra-op parallelism in the running thread 1.5-2.5x slower, which
-    biased earlier, thread-based versions of this benchmark against whichever variant ran small ops.
+    Greenlets, not threads: every variant runs in the main OS thread. A second live thread that owns an OpenMP team
+    (a paused variant) slows torch's intra-op parallelism in the running thread, which would bias a thread-based
+    comparison against whichever variant runs small ops (figures in ``benchmarks/RESULTS.md``).
     """
 
     def __init__(self, name: str, body, blocks: int, warmup: int, measure_s: float, min_steps: int, decisions: int):

@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from alea_trl.envs import BUILTIN_ENVS, make_env
+from alea_trl.envs import BUILTIN_ENVS, AleaEnv, make_env
 from alea_trl.questions import QTYPES, validate_action_rewards, validate_targets
 
 
@@ -92,3 +92,22 @@ def test_each_qtype_appears_in_at_least_two_envs():
         for qtype in {q.qtype for q in d.reports}:
             seen[qtype] += 1
     assert all(seen[q] >= 2 for q in QTYPES), seen
+
+
+@pytest.mark.parametrize("name", [n for n in BUILTIN_ENVS if make_env(n).dense])
+def test_dense_oracle_action_is_the_best_expected_reward(name):
+    env = make_env(name)
+    for seed in range(10):
+        env.reset(np.random.default_rng(seed))
+        pick = np.random.default_rng(seed)
+        while not env.done:
+            assert env.oracle_action() == int(np.argmax(env.action_rewards()))  # the lowest index among the best
+            env.step(int(pick.integers(env.n_legal())))
+
+
+def test_outcome_env_without_oracle_action_says_so():
+    class NoOracle(AleaEnv):
+        name = "no_oracle"
+
+    with pytest.raises(NotImplementedError, match="env 'no_oracle'.*oracle_action"):
+        NoOracle().oracle_action()

@@ -18,6 +18,8 @@ from alea_trl.envs.hmm import (
 )
 from alea_trl.questions import validate_action_rewards, validate_targets
 
+from .conftest import play_episode
+
 
 def _random_params(rng, k, s):
     init = rng.dirichlet(np.ones(k))
@@ -54,15 +56,6 @@ def _assert_freq(freq, prob, n, what):
     freq, prob = np.atleast_1d(freq), np.atleast_1d(prob)
     se = np.sqrt(prob * (1 - prob) / n)
     assert np.all(np.abs(freq - prob) <= 4 * se + 1e-6), f"{what}: freq {freq} vs prob {prob} (n={n})"
-
-
-def _play(env, rng, policy="random"):
-    total = 0.0
-    while not env.done:
-        a = env.oracle_action() if policy == "oracle" else int(rng.integers(env.n_legal()))
-        r, _ = env.step(a)
-        total += r
-    return total
 
 
 # ------------------------------------------------------------------------------------------------ pure functions
@@ -168,12 +161,26 @@ def test_state_text_states_what_the_oracle_uses():
             init, trans, emit, seen = _parse_state(d.state, env.regime_names, env.symbol_names)
             for m in (init[None, :], trans, emit):
                 np.testing.assert_allclose(m.sum(axis=1), 1.0, atol=1e-9)  # rows print as summing to 1.00
+            assert env.symbols == tuple(seen)  # the public record of the symbols is what the text shows
             post = forward_filter(init, trans, emit, seen)
             np.testing.assert_allclose(env.action_rewards(), post, atol=1e-12)
             q_next = re.search(r"next symbol is (\w+)\?", d.question("next_sym").text).group(1)
             p_next = next_symbol_probs(post, trans, emit)[env.symbol_names.index(q_next)]
             assert abs(env.oracle_targets()["next_sym"] - p_next) < 1e-12
             env.step(int(rng.integers(env.n_legal())))
+
+
+def test_symbols_is_a_read_only_copy():
+    env = HMMEnv()
+    assert env.symbols == ()  # before the first reset
+    env.reset(np.random.default_rng(5))
+    env.step(0)
+    seen = env.symbols
+    assert isinstance(seen, tuple) and len(seen) == 2
+    state = env.observe().state
+    with pytest.raises(AttributeError):
+        env.symbols = ()
+    assert env.symbols == seen and env.observe().state == state
 
 
 # ------------------------------------------------------------------------------------------------ Monte Carlo
@@ -186,7 +193,7 @@ def test_targets_vs_rejection_monte_carlo(seed, t):
     targets = validate_targets(env.observe(), env.oracle_targets())
     n_ahead, q_next, q_count = env.n_ahead, env._q_next, env._q_count
     z, x = _simulate(env.init, env.trans, env.emit, 400_000, t + n_ahead, np.random.default_rng(seed + 1000))
-    keep = np.all(x[:, :t] == np.array(env._symbols)[None, :], axis=1)
+    keep = np.all(x[:, :t] == np.array(env.symbols)[None, :], axis=1)
     n = int(keep.sum())
     assert n > 2000
     z, x = z[keep], x[keep]
@@ -208,7 +215,7 @@ def test_targets_calibrated_against_the_env_itself():
         env.reset(np.random.default_rng(10_000 + ep))
         pending = []  # (decision step, count symbol, count pmf)
         while not env.done:
-            t = len(env._symbols)
+            t = len(env.symbols)
             tg = env.oracle_targets()
             if t + env.n_ahead <= env.horizon:
                 pending.append((t, env._q_count, tg["count"]))
@@ -219,10 +226,10 @@ def test_targets_calibrated_against_the_env_itself():
                 res_reg.append(onehot - tg["next_regime"])
                 var_reg.append(tg["next_regime"] * (1 - tg["next_regime"]))
                 p = tg["next_sym"]
-                res_sym.append(float(env._symbols[-1] == q_next) - p)
+                res_sym.append(float(env.symbols[-1] == q_next) - p)
                 var_sym.append(p * (1 - p))
         for t, q, pmf in pending:
-            c = sum(1 for x in env._symbols[t : t + env.n_ahead] if x == q)
+            c = sum(1 for x in env.symbols[t : t + env.n_ahead] if x == q)
             res_cnt.append(np.eye(len(pmf))[c] - pmf)
             var_cnt.append(pmf * (1 - pmf))
     for res, var, what in (
@@ -251,8 +258,8 @@ def test_env_samples_from_the_printed_parameters():
 
     for ep in range(800):
         env.reset(np.random.default_rng(40_000 + ep))
-        _play(env, rng)
-        z, x = env._regimes, env._symbols
+        play_episode(env, rng)
+        z, x = env._regimes, env.symbols
         record("init", env.init, z[0])
         for i in range(len(z)):
             record("emit", env.emit[z[i]], x[i])
@@ -286,8 +293,8 @@ def test_dense_rewards_are_exact_expectations_and_oracle_is_argmax():
 def test_oracle_beats_random():
     env = HMMEnv()
     rng = np.random.default_rng(11)
-    oracle = [_play(env.reset(np.random.default_rng(30_000 + ep)), rng, "oracle") for ep in range(300)]
-    random_ = [_play(env.reset(np.random.default_rng(30_000 + ep)), rng, "random") for ep in range(300)]
+    oracle = [play_episode(env.reset(np.random.default_rng(30_000 + ep)), rng, "oracle") for ep in range(300)]
+    random_ = [play_episode(env.reset(np.random.default_rng(30_000 + ep)), rng, "random") for ep in range(300)]
     diff = np.mean(oracle) - np.mean(random_)
     se = np.sqrt(np.var(oracle) / 300 + np.var(random_) / 300)
     assert diff > 4 * se and diff > 1.0, (np.mean(oracle), np.mean(random_))

@@ -18,6 +18,8 @@ from alea_trl.envs.kelly import (
 )
 from alea_trl.questions import validate_action_rewards, validate_targets
 
+from .conftest import play_episode
+
 
 SLACK = 1e-9  # absolute slack for zero-variance comparisons
 
@@ -260,11 +262,7 @@ def test_oracle_beats_random():
         act_rng = np.random.default_rng(0)
         for seed in range(300):
             env = KellyEnv().reset(np.random.default_rng(seed))
-            total = 0.0
-            while not env.done:
-                a = env.oracle_action() if policy == "oracle" else int(act_rng.integers(env.n_legal()))
-                reward, _ = env.step(a)
-                total += reward
+            total = play_episode(env, act_rng, policy)
             assert total == pytest.approx(math.log(env.bankroll / env.initial_bankroll), abs=1e-9)
             totals.append(total)
     diff = np.array(returns["oracle"]) - np.array(returns["random"])

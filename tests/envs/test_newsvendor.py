@@ -18,6 +18,8 @@ from alea_trl.envs.newsvendor import (
 )
 from alea_trl.questions import validate_action_rewards, validate_targets
 
+from .conftest import play_episode
+
 
 def _nb_pmf_closed(a: float, b: float, n: int) -> np.ndarray:
     """Negative-binomial pmf written directly with lgamma (independent of the env's log-space recursion)."""
@@ -225,11 +227,7 @@ def test_oracle_beats_random():
         totals = []
         for policy in ("oracle", "random"):
             env = NewsvendorEnv().reset(np.random.default_rng(seed))
-            act_rng, total = np.random.default_rng(seed + 1), 0.0
-            while not env.done:
-                a = env.oracle_action() if policy == "oracle" else int(act_rng.integers(env.n_legal()))
-                total += env.step(a)[0]
-            totals.append(total)
+            totals.append(play_episode(env, np.random.default_rng(seed + 1), policy))
         diffs.append(totals[0] - totals[1])
     diffs = np.asarray(diffs)
     assert diffs.mean() > 4 * diffs.std() / math.sqrt(len(diffs)) and diffs.mean() > 20.0

@@ -12,6 +12,8 @@ import pytest
 from alea_trl.envs.nim import NimEnv, legal_moves, nim_sum, opponent_move_probs, winning_moves
 from alea_trl.questions import validate_targets
 
+from .conftest import play_episode
+
 
 # ----------------------------------------------------------------------------------- independent reference code
 @cache
@@ -65,16 +67,6 @@ def all_positions():
     yield from itertools.product(range(8), repeat=2)
     yield from itertools.product(range(8), repeat=3)
     yield from itertools.product(range(5), repeat=4)
-
-
-def play(env, rng, policy):
-    """Play one episode; ``policy`` is 'oracle' or 'random'. Returns the episode return."""
-    total = 0.0
-    while not env.done:
-        a = env.oracle_action() if policy == "oracle" else int(rng.integers(env.n_legal()))
-        r, _ = env.step(a)
-        total += r
-    return total
 
 
 def decisions_of_random_episodes(n_episodes, seed, **kwargs):
@@ -176,7 +168,7 @@ def test_win_label_is_the_real_outcome_of_perfect_play_from_the_state():
         sim = copy.deepcopy(env)
         sim.epsilon = 0.0
         sim.rng = np.random.default_rng(int(rng.integers(2**31)))
-        ret = play(sim, None, "oracle")
+        ret = play_episode(sim, None, "oracle")
         assert ret == (1.0 if env.oracle_targets()["win"] == 1.0 else -1.0)
         checked += 1
     assert checked > 100
@@ -190,10 +182,10 @@ def test_perfect_opponent_oracle_wins_every_winning_start_and_random_loses_every
         env = NimEnv(epsilon=0.0).reset(rng)
         winning = nim_sum(env.piles) != 0
         if winning:
-            assert play(env, act_rng, "oracle") == 1.0
+            assert play_episode(env, act_rng, "oracle") == 1.0
             n_win += 1
         else:
-            assert play(env, act_rng, "random") == -1.0
+            assert play_episode(env, act_rng, "random") == -1.0
             n_lose += 1
     assert n_win > 50 and n_lose > 10
 
@@ -254,7 +246,7 @@ def test_rewards_and_episode_end():
 def test_oracle_beats_random():
     def mean_return(policy, seed):
         rng, act_rng = np.random.default_rng(seed), np.random.default_rng(seed + 100)
-        return np.array([play(NimEnv().reset(rng), act_rng, policy) for _ in range(400)])
+        return np.array([play_episode(NimEnv().reset(rng), act_rng, policy) for _ in range(400)])
 
     oracle, rand = mean_return("oracle", 9), mean_return("random", 9)
     se = np.sqrt(oracle.var() / len(oracle) + rand.var() / len(rand))

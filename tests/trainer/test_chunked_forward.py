@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from alea_trl import AleaEnvGRPOTrainer
-from alea_trl.packing import collate_segments, pack_request
+from alea_trl.collate import collate_segments
+from alea_trl.packing import pack_request
 from alea_trl.trainer.chunked_forward import chunked_forward, length_groups
 
 from ..conftest import random_decision

@@ -98,15 +98,15 @@ class LongStateEnv(NamedBestEnv):
         return Decision(d.state + padding, d.questions, env=self.name)
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_oversize_states_reset_and_are_counted_never_truncated(tiny_model, tokenizer, make_args, fused):
-    args = make_args(envs=["long"], max_steps=3, max_len=256, sample_in_loss_forward=fused)
+@pytest.mark.parametrize("in_loss_forward", [True, False])
+def test_oversize_states_reset_and_are_counted_never_truncated(tiny_model, tokenizer, make_args, in_loss_forward):
+    args = make_args(envs=["long"], max_steps=3, max_len=256, sample_in_loss_forward=in_loss_forward)
     trainer = AleaEnvGRPOTrainer(
         tiny_model(), args=args, processing_class=tokenizer, env_factories={"long": LongStateEnv}
     )
     forwarded = []
-    collate = trainer._collate
-    trainer._collate = lambda packed: forwarded.extend(len(p) for p in packed) or collate(packed)
+    collate = trainer.policy_forward.collate
+    trainer.policy_forward.collate = lambda packed: forwarded.extend(len(p) for p in packed) or collate(packed)
     trainer.train()  # the default on_env_error="raise" still resets oversize decisions (the seed's behaviour)
     skipped = [h["skipped_decisions"] for h in trainer.state.log_history if "skipped_decisions" in h]
     assert sum(skipped) > 0
@@ -144,9 +144,9 @@ def test_extreme_logits_stay_finite(tiny_model, tokenizer, make_args):
 
 
 def test_non_finite_loss_stops_before_any_weight_changes(tiny_model, tokenizer, make_args, monkeypatch):
-    import alea_trl.trainer.grpo_trainer as grpo
+    import alea_trl.trainer.loss as loss_module
 
-    real = grpo.report_losses
+    real = loss_module.report_losses
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
@@ -156,7 +156,7 @@ def test_non_finite_loss_stops_before_any_weight_changes(tiny_model, tokenizer, 
             out["noul"] = [t * float("nan") for t in out["noul"]]
         return out
 
-    monkeypatch.setattr(grpo, "report_losses", poisoned)
+    monkeypatch.setattr(loss_module, "report_losses", poisoned)
     model = tiny_model()
     trainer = AleaEnvGRPOTrainer(model, args=make_args(envs=["kelly"], max_steps=3), processing_class=tokenizer)
     snapshots = []

@@ -2,8 +2,7 @@
 
 import torch
 
-from alea_trl.trainer.loss import exact_kl, policy_loss
-from alea_trl.trainer.rollout import env_batch_std, group_advantages
+from alea_trl.trainer.loss import env_batch_std, exact_kl, group_advantages, policy_loss
 
 
 def test_policy_gradient_equals_group_baseline_reinforce_at_ratio_one():
@@ -75,9 +74,10 @@ def test_batched_report_losses_equal_one_call_per_question(tokenizer):
     import numpy as np
 
     from alea_trl import AleaModel
+    from alea_trl.collate import collate_segments
     from alea_trl.envs import make_env
     from alea_trl.losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
-    from alea_trl.packing import collate_segments, pack_request
+    from alea_trl.packing import pack_request
     from alea_trl.questions import ACT_QID, validate_targets
     from alea_trl.testing import tiny_backbone_config
     from alea_trl.trainer.loss import report_losses

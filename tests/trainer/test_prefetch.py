@@ -21,13 +21,13 @@ def _train(tiny_model, tokenizer, make_args, prefetch):
     args = make_args(envs=["named_best", "three_in_a_row"], max_steps=6, beta=0.05, prefetch_observations=prefetch)
     trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES)
     threads = []
-    prepare = trainer.rollout._prepare
+    prepare = trainer.rollout.observer._prepare
 
     def spy(env, name):
         threads.append(threading.current_thread() is threading.main_thread())
         return prepare(env, name)
 
-    trainer.rollout._prepare = spy
+    trainer.rollout.observer._prepare = spy
     trainer.train()
     return trainer, {n: p.detach().clone() for n, p in model.named_parameters()}, threads
 
@@ -56,13 +56,13 @@ def test_a_prefetched_decision_is_dropped_once_its_env_moves(tokenizer, make_arg
     episodes = rollout.pool.episodes["kelly"]
     rollout.prefetch(episodes)
     rollout.join_prefetch()
-    assert len(rollout._prefetched) == 2
+    assert len(rollout.observer._prefetched) == 2
     episodes[0].env.step(0)  # moved behind the rollout's back: its prefetched decision is stale
     wave = rollout.observe_wave(2)
     for ep, packed in zip(wave.episodes, wave.packed):
         decision = ep.env.observe()
         assert packed.input_ids == pack_request(tokenizer, decision.state, decision.questions).input_ids
-    assert not rollout._prefetched
+    assert not rollout.observer._prefetched
 
 
 def test_errors_found_in_the_background_are_raised_by_the_main_thread(tokenizer, make_args):

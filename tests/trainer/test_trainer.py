@@ -17,7 +17,7 @@ def _snapshot(model):
 
 
 def test_all_five_envs_train_and_every_trainable_parameter_changes(tiny_model, tokenizer, make_args):
-    model = tiny_model(use_aux_embed=True, use_ngram=True)
+    model = tiny_model(use_aux_embed=True, use_bigram=True)
     args = make_args(envs=list(BUILTIN_ENVS), max_steps=3, beta=0.05)
     trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer)
     assert isinstance(trainer, trl.GRPOTrainer)
@@ -162,19 +162,19 @@ def test_config_is_a_grpo_config():
 
 
 def test_extras_switch_on_a_built_model_without_them_is_an_error(tiny_model, tokenizer, make_args):
-    with pytest.raises(ValueError, match="use_ngram"):
-        AleaEnvGRPOTrainer(tiny_model(), args=make_args(envs=["kelly"], use_ngram=True), processing_class=tokenizer)
-    with_extras = tiny_model(use_ngram=True)  # a model that has the table is accepted as is
+    with pytest.raises(ValueError, match="use_bigram"):
+        AleaEnvGRPOTrainer(tiny_model(), args=make_args(envs=["kelly"], use_bigram=True), processing_class=tokenizer)
+    with_extras = tiny_model(use_bigram=True)  # a model that has the table is accepted as is
     trainer = AleaEnvGRPOTrainer(
-        with_extras, args=make_args(envs=["kelly"], use_ngram=True), processing_class=tokenizer
+        with_extras, args=make_args(envs=["kelly"], use_bigram=True), processing_class=tokenizer
     )
-    assert trainer.accelerator.unwrap_model(trainer.model).ngram is not None
+    assert trainer.accelerator.unwrap_model(trainer.model).bigram is not None
 
 
 def test_optimizer_groups_follow_trainer_weight_decay_convention(tiny_model, tokenizer, make_args):
     """Heads / backbone / extras keep their own learning rates, and weight decay reaches exactly the parameters
     ``Trainer.get_decay_parameter_names`` picks (no biases, no norm weights), as in ``Trainer.create_optimizer``."""
-    model = tiny_model(use_aux_embed=True, use_ngram=True)
+    model = tiny_model(use_aux_embed=True, use_bigram=True)
     args = make_args(envs=["kelly"], learning_rate=1e-3, lr_head=2e-3, lr_aux=3e-3, weight_decay=0.1)
     trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer)
     optimizer = trainer.create_optimizer()
@@ -190,7 +190,7 @@ def test_optimizer_groups_follow_trainer_weight_decay_convention(tiny_model, tok
             expected_lr = 2e-3 if top.endswith("_head") else 1e-3 if top == "backbone" else 3e-3
             assert group["lr"] == expected_lr, name
     assert seen == {n for n, p in model.named_parameters() if p.requires_grad}
-    assert {n.split(".")[0] for n in seen} >= {"backbone", "choice_head", "aux_embed", "ngram"}
+    assert {n.split(".")[0] for n in seen} >= {"backbone", "choice_head", "aux_embed", "bigram"}
     norms = [n for n in seen if "norm" in n]
     assert norms and not set(norms) & decay  # the split is not vacuous: norm weights exist and are not decayed
     assert "choice_head.bias" in seen and "choice_head.bias" not in decay  # nor are biases

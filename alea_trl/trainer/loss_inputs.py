@@ -1,0 +1,117 @@
+"""Loss inputs: decision rows stacked into the dict that TRL's generation buffer splits and shuffles, and that
+:func:`~alea_trl.trainer.loss.grpo_loss` reads.
+
+Design decisions:
+1. One row is one decision: up to k sampled actions with their advantages and behaviour log-probs (dense), or one
+   replayed action (outcome). Per-sample tensors are `(N, k)` with a ``sample_mask``.
+2. Two per-row switches say which terms a row trains in this forward: ``trains_action`` (its actions enter the policy
+   loss) and ``trains_kl_and_reports`` (its KL and report terms do). When actions are sampled in the loss forward, an
+   outcome decision trains its KL and reports when it is made and its action when its episode ends and it is
+   replayed, so each term is trained once.
+3. Every value that TRL must split by row is a tensor or a list of the same length; tensors come first (TRL sizes a
+   batch by the first value).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..packing import PackedRequest
+
+
+@dataclass
+class DecisionRow:
+    """One decision ready for the loss: its packing, targets, sampled actions and their advantages."""
+
+    env_index: int
+    packed: PackedRequest
+    targets: dict
+    actions: list[int]
+    advantages: list[float]
+    old_logps: list[float]
+    ref_logps: torch.Tensor | None
+
+
+def rows_to_inputs(
+    rows: list[DecisionRow],
+    k: int,
+    trains_action: list[bool] | None = None,
+    trains_kl_and_reports: list[bool] | None = None,
+) -> dict:
+    """Stack rows into loss inputs.
+
+    Args:
+        rows (`list[DecisionRow]`): the rows.
+        k (`int`): the widest row (``num_generations``).
+        trains_action (`list[bool]`, *optional*): per row, whether its actions enter the policy loss (default: all).
+        trains_kl_and_reports (`list[bool]`, *optional*): per row, whether its KL and report terms enter the loss
+            (default: all).
+
+    Returns:
+        `dict`: ``actions``, ``sample_mask``, ``advantages``, ``old_logps`` `(N, k)`; ``kl_report_mask`` `(N,)`
+        (float); ``env_index`` `(N,)`; ``ref_logps`` `(N, A)` (the reference's log-probs over each row's legal
+        actions, zero-padded; zero for rows without them); ``packed`` and ``targets`` (lists).
+    """
+    n = len(rows)
+    trains_action = [True] * n if trains_action is None else trains_action
+    trains_kl_and_reports = [True] * n if trains_kl_and_reports is None else trains_kl_and_reports
+    actions = torch.zeros(n, k, dtype=torch.long)
+    mask = torch.zeros(n, k, dtype=torch.bool)
+    adv = torch.zeros(n, k)
+    old = torch.zeros(n, k)
+    for i, row in enumerate(rows):
+        if not trains_action[i]:
+            continue
+        m = len(row.actions)
+        if not all(math.isfinite(a) for a in row.advantages):
+            raise ValueError("rollout: a non-finite advantage was produced (check the env's rewards)")
+        actions[i, :m] = torch.tensor(row.actions)
+        mask[i, :m] = True
+        adv[i, :m] = torch.tensor(row.advantages, dtype=torch.float32)
+        old[i, :m] = torch.tensor(row.old_logps, dtype=torch.float32)
+    refs = [
+        row.ref_logps if use and row.ref_logps is not None else None for row, use in zip(rows, trains_kl_and_reports)
+    ]
+    ref = torch.zeros(n, max((r.shape[0] for r in refs if r is not None), default=0))
+    for i, r in enumerate(refs):
+        if r is not None:
+            ref[i, : r.shape[0]] = r
+    return {
+        "actions": actions,
+        "sample_mask": mask,
+        "advantages": adv,
+        "old_logps": old,
+        "kl_report_mask": torch.tensor(trains_kl_and_reports, dtype=torch.float32),
+        "env_index": torch.tensor([row.env_index for row in rows], dtype=torch.long),
+        "ref_logps": ref,
+        "packed": [row.packed for row in rows],
+        "targets": [row.targets if use else {} for row, use in zip(rows, trains_kl_and_reports)],
+    }
+
+
+def sampled_forward_inputs(replay: list[DecisionRow], wave, rows: list[DecisionRow | None], k: int, env_index) -> dict:
+    """Loss inputs of a forward whose fresh decisions were just sampled from it (``sample_in_loss_forward``).
+
+    Args:
+        replay (`list[DecisionRow]`): outcome decisions whose episodes ended: their actions enter the policy loss
+            (their KL and reports were trained when they were made).
+        wave (`Wave`): the fresh decisions, after ``replay`` in the forward.
+        rows (`list[DecisionRow | None]`): :meth:`Rollout.advance`'s rows for ``wave``: a dense row enters every
+            term; an outcome row its KL and reports (its action waits for the return); ``None`` (a skipped env
+            failure) nothing.
+        k (`int`): ``num_generations``.
+        env_index (`dict[str, int]`): env name -> index.
+    """
+    full, trains_action, trains_kl_and_reports = list(replay), [True] * len(replay), [False] * len(replay)
+    for ep, packed, row in zip(wave.episodes, wave.packed, rows):
+        made = row is not None
+        full.append(row if made else DecisionRow(env_index[ep.env_name], packed, {}, [], [], [], None))
+        trains_action.append(made and ep.env.dense)
+        trains_kl_and_reports.append(made)
+    return rows_to_inputs(full, k, trains_action, trains_kl_and_reports)
+
+
+__all__ = ["DecisionRow", "rows_to_inputs", "sampled_forward_inputs"]
