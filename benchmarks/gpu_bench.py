@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from throughput_parts.models import qwen3_config
 from transformers import AutoTokenizer, Qwen3Config, TrainerCallback
 
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
@@ -38,28 +39,8 @@ ASSET = Path(__file__).resolve().parents[1] / "recipes" / "assets" / "tiny-qwen3
 
 def qwen3_06b_config(vocab_size: int, tiny: bool) -> Qwen3Config:
     if tiny:
-        return Qwen3Config(
-            vocab_size=vocab_size,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            tie_word_embeddings=True,
-        )
-    return Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=40960,
-        rope_theta=1_000_000,
-        tie_word_embeddings=True,
-    )
+        return qwen3_config(vocab_size, (64, 2, 4, 2, 16, 128))
+    return qwen3_config(vocab_size, (1024, 28, 16, 8, 128, 3072), max_position_embeddings=40960, rope_theta=1_000_000)
 
 
 def tokenizer_for_bench():

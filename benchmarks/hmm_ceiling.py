@@ -82,11 +82,7 @@ def main() -> None:
     parser.add_argument("--act_temperature", type=float, default=0.1, help="of the act target (collect_decisions)")
     parser.add_argument("--report_w", type=float, default=1.0, help="report loss weight (act weight 1)")
     parser.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (as in learning.py)")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--bigram", type=int, default=1)
-    parser.add_argument("--trigram", type=int, default=1)
-    parser.add_argument("--aux_embed", type=int, default=1)
+    learning.add_hparams(parser, learning.MODEL_HPARAMS)
     parser.add_argument("--out", default="runs/bench_hmm_ceiling")
     parser.add_argument("--quick", action="store_true", help="~20-second smoke run")
     args = parser.parse_args()
@@ -100,25 +96,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(learning.ASSET)
     model = learning.tiny_model(args)
-    config = AleaSFTConfig(
-        output_dir=args.out,
-        max_steps=args.steps,
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr,
-        lr_head=args.lr,
-        lr_aux=args.lr,
-        lr_scheduler_type="cosine",
-        warmup_steps=args.warmup,
-        max_grad_norm=args.max_grad_norm,
-        report_w=args.report_w,
-        train_mode="full",
-        seed=args.seed,
-        use_cpu=True,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=args.steps,
-        disable_tqdm=True,
-    )
+    args.lr_head, args.lr_aux, args.schedule = args.lr, args.lr, "cosine"  # one learning rate for every group
+    config = AleaSFTConfig(output_dir=args.out, **learning.optimisation(args), **learning.cpu_run(args.seed, args.steps))
     curve = GreedyCurve(model, tokenizer, factory, args.eval_episodes, args.eval_every)
     trainer = AleaSFTTrainer(model, args=config, train_dataset=data, processing_class=tokenizer, callbacks=[curve])
     trainer.train()

@@ -157,6 +157,58 @@ class CurveCallback(TrainerCallback):
                 control.should_training_stop = True
 
 
+# (name, type, default, help): the hyper-parameters a run records with its figures
+TRAINING_HPARAMS = [
+    ("lr", float, 1.5e-3, "backbone (and extras) learning rate"),
+    ("lr_head", float, 1.5e-3, "heads learning rate"),
+    ("lr_aux", float, 0.0, "extras learning rate (0: --lr)"),
+    ("schedule", str, "cosine", "lr_scheduler_type (after --warmup steps)"),
+    ("warmup", int, 24, "warm-up steps"),
+    ("beta", float, 0.0, "KL weight"),
+    ("temperature", float, 1.0, "sampling temperature of the act head"),
+    ("num_generations", int, 8, "k, actions sampled per dense decision"),
+    ("eps_per_env", int, 8, "live episodes per env and process"),
+    ("max_batch", int, 40, "decisions per separate rollout forward (num_iterations > 1)"),
+    ("batch_size", int, 20, "per_device_train_batch_size (decisions per step)"),
+    ("report_w", float, 10.0, "report loss weight (see the module docstring)"),
+    ("max_grad_norm", float, 1.0, "gradient clipping (the Trainer's max_grad_norm)"),
+    ("weight_decay", float, 0.0, "AdamW weight decay (not on biases or norm weights)"),
+    ("scale_rewards", str, "group", "group, batch (one std per env) or none"),
+    ("max_batch_tokens", int, 2048, "padded tokens per forward (0: one forward)"),
+    ("mix", str, "hmm=9,kelly=2,bandit=2,nim=2", "training copies per env, e.g. hmm=3,bandit=0 (evaluation: all)"),
+    ("dense_advance", str, "best_of_k", "best_of_k or sample"),
+    ("num_iterations", int, 1, "optimizer steps per rollout batch"),
+]
+MODEL_HPARAMS = [
+    ("layers", int, 4, "backbone decoder layers"),
+    ("hidden", int, 128, "backbone width (MLP 2x, 32-wide heads)"),
+    ("bigram", int, 1, "hashed bigram embedding (use_bigram)"),
+    ("trigram", int, 1, "hashed trigram embedding (use_trigram)"),
+    ("aux_embed", int, 1, "segment-role embedding (use_aux_embed)"),
+]
+
+
+def add_hparams(parser, hparams) -> None:
+    """One ``--name`` option per ``(name, type, default, help)`` row."""
+    for name, kind, default, text in hparams:
+        parser.add_argument(f"--{name}", type=kind, default=default, help=text)
+
+
+def cpu_run(seed: int, logging_steps: int) -> dict:
+    """The Trainer settings every run of these benchmarks shares: fp32 on the CPU, no saving or progress bars."""
+    return dict(
+        use_cpu=True, bf16=False, gradient_checkpointing=False, save_strategy="no", report_to="none", disable_tqdm=True
+    ) | {"seed": seed, "logging_steps": logging_steps}
+
+
+def optimisation(args) -> dict:
+    """The optimisation settings of a run (all weights train), from the hyper-parameters."""
+    lrs = {"learning_rate": args.lr, "lr_head": args.lr_head, "lr_aux": args.lr_aux or args.lr}
+    schedule = {"lr_scheduler_type": args.schedule, "warmup_steps": args.warmup, "max_grad_norm": args.max_grad_norm}
+    steps = {"max_steps": args.steps, "per_device_train_batch_size": args.batch_size}
+    return {"train_mode": "full", "report_w": args.report_w} | lrs | schedule | steps
+
+
 def tiny_model(args) -> AleaModel:
     """A fresh random-weight Qwen3-shaped AleaModel of ``args.layers`` x ``args.hidden`` (MLP 2x, 32-wide heads) with
     the input extras ``args.bigram`` / ``args.trigram`` / ``args.aux_embed``, in float32."""
@@ -187,13 +239,7 @@ def train_one(args, seed: int) -> tuple[list, dict, list, list]:
     config = AleaEnvGRPOConfig(
         output_dir=os.path.join(args.out, f"seed{seed}"),
         envs=list(copies),
-        train_mode="full",
-        max_steps=args.steps,
-        learning_rate=args.lr,
-        lr_head=args.lr_head,
-        lr_aux=args.lr_aux or args.lr,
-        lr_scheduler_type=args.schedule,
-        warmup_steps=args.warmup,
+        **optimisation(args),
         dense_advance=args.dense_advance,
         num_iterations=args.num_iterations,
         beta=args.beta,
@@ -201,21 +247,11 @@ def train_one(args, seed: int) -> tuple[list, dict, list, list]:
         num_generations=args.num_generations,
         eps_per_env=args.eps_per_env,
         max_batch=args.max_batch,
-        per_device_train_batch_size=args.batch_size,
         max_len=1024,
         max_batch_tokens=args.max_batch_tokens or None,  # length-grouped forwards: the same loss, less padding
-        report_w=args.report_w,
-        max_grad_norm=args.max_grad_norm,
         weight_decay=args.weight_decay,
         scale_rewards=args.scale_rewards,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        logging_steps=args.logging_steps or args.steps,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=seed,
+        **cpu_run(seed, args.logging_steps or args.steps),
     )
     ref: dict = {}
     callback = CurveCallback(
@@ -256,39 +292,7 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1: on a shared CPU, more threads spin and stall)"
     )
-    hp = parser.add_argument_group("hyper-parameters")
-    hp.add_argument("--lr", type=float, default=1.5e-3, help="backbone (and extras) learning rate")
-    hp.add_argument("--lr_head", type=float, default=1.5e-3)
-    hp.add_argument("--beta", type=float, default=0.0)
-    hp.add_argument("--temperature", type=float, default=1.0)
-    hp.add_argument("--num_generations", type=int, default=8)
-    hp.add_argument("--eps_per_env", type=int, default=8)
-    hp.add_argument("--max_batch", type=int, default=40)
-    hp.add_argument("--batch_size", type=int, default=20, help="per_device_train_batch_size (decisions per step)")
-    hp.add_argument("--report_w", type=float, default=10.0, help="report loss weight (see the module docstring)")
-    hp.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (the Trainer's max_grad_norm)")
-    hp.add_argument(
-        "--weight_decay", type=float, default=0.0, help="AdamW weight decay (not on biases or norm weights)"
-    )
-    hp.add_argument(
-        "--scale_rewards", default="group", choices=["group", "batch", "none"], help="batch: one std per env"
-    )
-    hp.add_argument("--max_batch_tokens", type=int, default=2048, help="padded tokens per forward (0: one forward)")
-    hp.add_argument(
-        "--mix",
-        default="hmm=9,kelly=2,bandit=2,nim=2",
-        help="training copies per env, e.g. hmm=3,bandit=0 (evaluation: all)",
-    )
-    hp.add_argument("--layers", type=int, default=4, help="backbone decoder layers")
-    hp.add_argument("--hidden", type=int, default=128, help="backbone width (MLP 2x, 32-wide heads)")
-    hp.add_argument("--bigram", type=int, default=1, help="hashed bigram embedding (use_bigram)")
-    hp.add_argument("--trigram", type=int, default=1, help="hashed trigram embedding (use_trigram)")
-    hp.add_argument("--aux_embed", type=int, default=1, help="segment-role embedding (use_aux_embed)")
-    hp.add_argument("--lr_aux", type=float, default=0.0, help="extras learning rate (0: --lr)")
-    hp.add_argument("--schedule", default="cosine", help="lr_scheduler_type (after --warmup steps)")
-    hp.add_argument("--warmup", type=int, default=24)
-    hp.add_argument("--dense_advance", default="best_of_k", help="best_of_k or sample")
-    hp.add_argument("--num_iterations", type=int, default=1, help="optimizer steps per rollout batch")
+    add_hparams(parser.add_argument_group("hyper-parameters"), TRAINING_HPARAMS + MODEL_HPARAMS)
     parser.add_argument("--envs", default="", help="comma-separated subset of the envs (a probe; default: all five)")
     parser.add_argument(
         "--env_kwargs",
@@ -298,7 +302,7 @@ def main() -> None:
     )
     parser.add_argument("--logging_steps", type=int, default=0, help="trainer log every N steps (0: at the end)")
     args = parser.parse_args()
-    args.hparam_names = [a.dest for a in hp._group_actions]
+    args.hparam_names = [name for name, *_ in TRAINING_HPARAMS + MODEL_HPARAMS]
     if args.quick:
         args.steps, args.eval_every, args.eval_episodes, args.warmup, args.eval_episodes_outcome = 20, 10, 20, 2, 0
     if args.envs:  # a probe on a subset of the envs (in place: learning_parts reads the same list)

@@ -75,14 +75,17 @@ class MemorySampler(TrainerCallback):
         self.t0 = time.perf_counter()
 
     def sample(self, step: int) -> dict:
-        pool = self.trainer.rollout.pool
+        rollout = self.trainer.rollout
+        pool = rollout.pool
+        if step == 0:  # the clock starts with training
+            self.t0 = time.perf_counter()
         rss, hwm = read_rss_kb()
         row = {
             "step": step,
             "time_s": time.perf_counter() - self.t0,
             "rss_kb": rss,
             "hwm_kb": hwm,
-            "queue": len(pool.queue),
+            "queue": len(rollout.queue),
             "pending": sum(len(ep.pending) for eps in pool.episodes.values() for ep in eps),
             "finished": sum(len(v) for v in pool.returns.values()),  # bounded windows of recent returns
             "log_history": len(self.trainer.state.log_history),
@@ -91,7 +94,6 @@ class MemorySampler(TrainerCallback):
         return row
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.t0 = time.perf_counter()
         self.sample(0)
 
     def on_step_end(self, args, state, control, **kwargs):

@@ -143,21 +143,14 @@ class AleaEnvGRPOConfig(GRPOConfig):
     )
     sample_in_loss_forward: bool = field(
         default=True,
-        metadata={
-            "help": "With num_iterations == 1, sample actions from the detached logits of the loss forward itself "
-            "(one forward per decision, as the seed does) instead of a separate no-grad rollout forward."
-        },
+        metadata={"help": "num_iterations == 1: sample actions from the loss forward (no rollout forward)."},
     )
     pack_rows: bool = field(
         default=True,
         metadata={"help": "Let several decisions share a row of a forward, up to the longest one (less padding)."},
     )
     prefetch_observations: bool = field(
-        default=True,
-        metadata={
-            "help": "Observe and pack the next decisions of just-stepped envs in a background thread while the "
-            "backward pass runs (AleaEnv subclasses only)."
-        },
+        default=True, metadata={"help": "Observe the next decisions in a background thread during the backward pass."}
     )
     dense_advance: str = field(
         default="best_of_k",

@@ -92,15 +92,9 @@ class AleaSFTTrainer(Trainer):
         if processing_class is None:
             raise ValueError("AleaSFTTrainer: field 'processing_class': the tokenizer is required")
         apply_train_mode(model, args.train_mode, args.tail_k)
-        super().__init__(
-            model=model,
-            args=args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            data_collator=DecisionCollator(processing_class, args.max_len),
-            **kwargs,
-        )
+        collator = DecisionCollator(processing_class, args.max_len)
+        datasets = {"train_dataset": train_dataset, "eval_dataset": eval_dataset}
+        super().__init__(model, args, collator, processing_class=processing_class, **datasets, **kwargs)
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
 
     def create_optimizer(self, model=None):

@@ -61,21 +61,13 @@ def alea_args(
     max_batch_tokens: int | None = None,
     logging_steps: int = CPU_RUN["logging_steps"],
 ) -> AleaEnvGRPOConfig:
-    return AleaEnvGRPOConfig(
-        output_dir=out_dir,
-        envs=list(BUILTIN_ENVS),
-        per_device_train_batch_size=decisions,
-        num_generations=k,
-        train_mode=train_mode,
-        beta=beta,
-        **(CPU_RUN | {"logging_steps": logging_steps}),
-        lr_head=LEARNING_RATE,
-        lr_aux=LEARNING_RATE,
-        max_len=1024,  # the longest decision of the five envs is ~340 tokens
-        max_batch_tokens=max_batch_tokens,
-        max_steps=max_steps,
-        seed=seed,
-    )
+    """The trainer's settings for (a), and the loop's for (b): every built-in env, the same learning rate for every
+    parameter group; the longest decision of the five envs is ~340 tokens (``max_len`` 1024)."""
+    run = {"output_dir": out_dir, "envs": list(BUILTIN_ENVS), "max_steps": max_steps, "seed": seed}
+    algorithm = {"num_generations": k, "beta": beta, "train_mode": train_mode, "lr_head": LEARNING_RATE}
+    batches = {"per_device_train_batch_size": decisions, "max_len": 1024, "max_batch_tokens": max_batch_tokens}
+    settings = CPU_RUN | run | algorithm | batches | {"lr_aux": LEARNING_RATE, "logging_steps": logging_steps}
+    return AleaEnvGRPOConfig(**settings)
 
 
 def packed_body(models: Models, tokenizer, k: int, opts):
@@ -188,8 +180,7 @@ class UnpackedLoop:
         samples and report terms) back-propagated."""
         model, args, rollout = self.model, self.args, self.rollout
         model.train()
-        replay = rollout.take(self.decisions)
-        wave = rollout.observe_wave(self.decisions - len(replay))
+        replay, wave = rollout.replays_and_wave(self.decisions)
         packed = [row.packed for row in replay] + wave.packed
         n_replay = len(replay)
         # loss normalisers over the whole step: every real policy sample and every report term

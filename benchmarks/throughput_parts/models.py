@@ -25,20 +25,18 @@ CPU_RUN = dict(  # what (a), (b) and (c) share: fp32 on the CPU, no checkpointin
 MAX_STEPS = 20_000  # runs are stopped by their Runner
 
 
+def qwen3_config(vocab_size: int, shape: tuple[int, int, int, int, int, int], **extra) -> Qwen3Config:
+    """A Qwen3 decoder config with tied embeddings (as Qwen3-0.6B) of ``shape``: (hidden, layers, attention heads,
+    key-value heads, head dim, MLP width)."""
+    hidden, layers, heads, kv_heads, head_dim, mlp = shape
+    sizes = {"hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": mlp, "head_dim": head_dim}
+    heads = {"num_attention_heads": heads, "num_key_value_heads": kv_heads}
+    return Qwen3Config(vocab_size=vocab_size, tie_word_embeddings=True, **sizes, **heads, **extra)
+
+
 def backbone_config(vocab_size: int) -> Qwen3Config:
-    config = Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
-    config._attn_implementation = "sdpa"
-    return config
+    """The benchmark's backbone: hidden 256 x 4 layers."""
+    return qwen3_config(vocab_size, (256, 4, 4, 2, 64, 512), max_position_embeddings=4096, attn_implementation="sdpa")
 
 
 class Models:

@@ -26,3 +26,24 @@ def test_done_episodes_are_skipped():
     while not ep.env.done:
         ep.env.step(0)
     assert all(e is not ep for e in pool.schedule(10)) and len(pool.schedule(10)) == 2
+
+
+def test_a_rollout_state_saved_with_the_queue_on_the_pool_still_loads(tokenizer, make_args):
+    """Checkpoints written when the ready queue lived on the pool keep their queued rows."""
+    import collections
+    import pickle
+
+    from alea_trl.trainer.rollout import Rollout
+
+    def rollout():
+        pool = EpisodePool({"kelly": lambda: make_env("kelly")}, eps_per_env=2, rng=np.random.default_rng(0))
+        return Rollout(pool, tokenizer, make_args(), seed=0)
+
+    saved = rollout()
+    saved.queue.extend(["row a", "row b"])
+    state = saved.state_dict()
+    state["pool"].queue = state.pop("queue")  # the former layout
+    loaded = rollout()
+    loaded.load_state_dict(pickle.loads(pickle.dumps(state)))
+    assert loaded.queue == collections.deque(["row a", "row b"])
+    assert not hasattr(loaded.pool, "queue")
