@@ -10,9 +10,14 @@ Design decisions:
    ``step`` and a trainer's own ``observe`` do not build the state text twice.
 4. Misuse fails loudly: an action out of range raises ``ValueError``; ``step`` or ``observe`` before ``reset`` or
    after the episode ended raises ``RuntimeError``. Both messages name the env.
+5. A state text states exactly the numbers the oracles use: :func:`exact_decimal` refuses constructor values with more
+   decimals than the text prints, and :func:`decimal_text` prints an accepted value in short exact form.
 """
 
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -126,4 +131,35 @@ class AleaEnv:
         return f"{type(self).__name__}(name={self.name!r}, dense={self.dense}, done={self._done})"
 
 
-__all__ = ["AleaEnv"]
+def decimal_text(x: float, places: int, percent: bool = False) -> str:
+    """A value :func:`exact_decimal` accepted, in short exact form: ``2.0 -> "2"``, ``1.25 -> "1.25"``, and with
+    ``percent`` the fraction ``0.125 -> "12.5%"``."""
+    text = f"{100 * x if percent else x:.{places}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text + "%" if percent else text
+
+
+def exact_decimal(env: str, field: str, value, places: int, percent: bool = False) -> float:
+    """``value`` as a float with at most ``places`` decimals (as a percentage when ``percent``: 4 decimals of the
+    fraction for ``places=2``), so :func:`decimal_text` states exactly the number the oracle computes with.
+
+    A value within ``1e-9`` of such a number (``0.1 + 0.2``) is snapped to it; any other (``1 / 3``), and a
+    non-finite or non-numeric one, raises ``ValueError`` naming the env and the field. The caller checks the range.
+    """
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    digits = places + 2 if percent else places
+    ok = math.isfinite(x) and abs(round(x, digits) - x) <= 1e-9
+    snapped = round(x, digits) + 0.0 if ok else x  # + 0.0: never "-0"
+    if ok:  # the printed text, parsed back, must be the very float the oracle computes with
+        ok = float(Fraction(decimal_text(snapped, places, percent).rstrip("%")) / (100 if percent else 1)) == snapped
+    if not ok:
+        what = f"at most {places} decimals" + (" as a percentage (0.125 is 12.5%)" if percent else "")
+        raise ValueError(f"env {env!r}: field {field!r}: must be a number with {what}, got {value!r}")
+    return snapped
+
+
+__all__ = ["AleaEnv", "decimal_text", "exact_decimal"]

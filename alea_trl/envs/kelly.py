@@ -13,6 +13,10 @@ Design decisions:
    depend on how many rounds are left, so its bins are the same at every decision.
 5. The flip history is shown as a sequence while it is short (<= 20 flips) and as counts afterwards, so the state stays
    short for any horizon while still stating everything the oracle uses.
+6. The text states exactly the numbers the oracles use: the prior is two integers, the odds have at most 2 decimals
+   ("1.25 to 1") and the stakes are percentages with at most 2 decimals ("12.5%"); the constructor refuses other
+   values (odds 1/3, stake 0.123456) instead of rounding them in the text. The bankroll, which no oracle uses (the
+   log growth does not depend on its level), starts at a value with at most 2 decimals and is shown to the cent.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..questions import ACT_QID, Decision, Question
-from .base import AleaEnv
+from .base import AleaEnv, decimal_text, exact_decimal
 
 
 DEFAULT_STAKES = tuple(round(0.05 * i, 2) for i in range(11))
@@ -98,10 +102,6 @@ def beta_binomial_pmf(n: int, a: float, b: float) -> np.ndarray:
     return pmf / pmf.sum()
 
 
-def _fmt_stake(f: float) -> str:
-    return f"{round(100 * f, 2):g}%"
-
-
 class KellyEnv(AleaEnv):
     """Bet a fraction of a bankroll on heads of a coin whose bias is learned from its flips.
 
@@ -142,14 +142,15 @@ class KellyEnv(AleaEnv):
 
     Arguments:
         n_rounds (`int`, defaults to 10): flips (decisions) per episode.
-        odds (`float` or `Sequence[float]`, defaults to `(1, 2, 3)`): net odds of heads; a sequence means one is
-            drawn uniformly at reset.
+        odds (`float` or `Sequence[float]`, defaults to `(1, 2, 3)`): net odds of heads, positive with at most 2
+            decimals; a sequence means one is drawn uniformly at reset.
         prior (`tuple[int, int]`, *optional*): fixed Beta prior (a, b); by default a and b are drawn uniformly from
             1..``max_prior`` at reset.
         max_prior (`int`, defaults to 4): largest prior parameter drawn when ``prior`` is not given.
         n_future (`int`, defaults to 10): flips the score question asks about.
-        stakes (`Sequence[float]`, defaults to 0.00, 0.05, ..., 0.50): the stake grid, increasing, in [0, 1).
-        bankroll (`float`, defaults to 100.0): initial bankroll.
+        stakes (`Sequence[float]`, defaults to 0.00, 0.05, ..., 0.50): the stake grid, increasing, in [0, 1), each a
+            percentage with at most 2 decimals (0.125 is "12.5%"; 0.123456 is refused).
+        bankroll (`float`, defaults to 100.0): initial bankroll, positive with at most 2 decimals.
     """
 
     name = "kelly"
@@ -168,8 +169,10 @@ class KellyEnv(AleaEnv):
         super().__init__()
         if not isinstance(n_rounds, (int, np.integer)) or n_rounds < 1:
             raise ValueError(f"env 'kelly': field 'n_rounds': must be a positive integer, got {n_rounds!r}")
-        odds_choices = tuple(float(o) for o in (odds if isinstance(odds, Sequence) else (odds,)))
-        if not odds_choices or any(not (math.isfinite(o) and o > 0) for o in odds_choices):
+        odds_choices = tuple(
+            exact_decimal("kelly", "odds", o, 2) for o in (odds if isinstance(odds, Sequence) else (odds,))
+        )
+        if not odds_choices or any(o <= 0 for o in odds_choices):
             raise ValueError(
                 f"env 'kelly': field 'odds': must be positive (or a list of positive numbers), got {odds}"
             )
@@ -181,18 +184,13 @@ class KellyEnv(AleaEnv):
             raise ValueError(f"env 'kelly': field 'max_prior': must be a positive integer, got {max_prior!r}")
         if not isinstance(n_future, (int, np.integer)) or n_future < 1:
             raise ValueError(f"env 'kelly': field 'n_future': must be a positive integer, got {n_future!r}")
-        stakes = tuple(float(f) for f in stakes)
-        labels = [_fmt_stake(f) for f in stakes]
-        if (
-            not stakes
-            or any(not 0.0 <= f < 1.0 for f in stakes)
-            or list(stakes) != sorted(set(stakes))
-            or len(set(labels)) != len(labels)
-        ):
+        stakes = tuple(exact_decimal("kelly", "stakes", f, 2, percent=True) for f in stakes)
+        if not stakes or any(not 0.0 <= f < 1.0 for f in stakes) or list(stakes) != sorted(set(stakes)):
             raise ValueError(
                 f"env 'kelly': field 'stakes': must be increasing distinct fractions in [0, 1), got {stakes}"
             )
-        if not (math.isfinite(bankroll) and bankroll > 0):
+        initial_bankroll = exact_decimal("kelly", "bankroll", bankroll, 2)
+        if initial_bankroll <= 0:
             raise ValueError(f"env 'kelly': field 'bankroll': must be positive, got {bankroll!r}")
         self.n_rounds = int(n_rounds)
         self.odds_choices = odds_choices
@@ -200,8 +198,8 @@ class KellyEnv(AleaEnv):
         self.max_prior = int(max_prior)
         self.n_future = int(n_future)
         self.stakes = stakes
-        self.stake_labels = tuple(labels)
-        self.initial_bankroll = float(bankroll)
+        self.stake_labels = tuple(decimal_text(f, 2, percent=True) for f in stakes)
+        self.initial_bankroll = initial_bankroll
 
     # ------------------------------------------------------------------------------------------------------ episode
     def _reset(self, rng: np.random.Generator) -> None:
@@ -237,7 +235,8 @@ class KellyEnv(AleaEnv):
         state = (
             "You are betting on a coin whose chance of heads is unknown. Before any flips you believed it was "
             f"Beta({self.a}, {self.b}). Each round you stake a fraction of your bankroll on heads; heads pays "
-            f"{self.odds:g} to 1, tails loses the stake. Your reward is the log of your bankroll's growth. "
+            f"{decimal_text(self.odds, 2)} to 1, tails loses the stake. "
+            "Your reward is the log of your bankroll's growth. "
             f"Bankroll: {self.bankroll:.2f}. Round {len(self.flips) + 1} of {self.n_rounds}. "
             f"Flips so far: {self._history_text()}."
         )

@@ -15,6 +15,8 @@ Design decisions:
    different totals, whereas the count is unambiguous.
 5. ``oracle_action`` plays the lowest-index winning move; in a losing position it falls back to taking one stone from
    the largest pile (the first such pile), which keeps the game as long as possible for the opponent to err.
+6. The text states ε exactly, with 2 decimals ("0.30"): the constructor refuses an ε with more decimals (1/3) instead
+   of rounding it in the text, so the opponent plays exactly the rule the agent reads.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from functools import reduce
 import numpy as np
 
 from ..questions import Decision, Question
-from .base import AleaEnv
+from .base import AleaEnv, exact_decimal
 
 
 def nim_sum(piles) -> int:
@@ -136,7 +138,8 @@ class NimEnv(AleaEnv):
         n_piles (`int`, defaults to 4): number of piles (2 to 26).
         min_stones (`int`, defaults to 1): fewest stones per pile at reset (at least 1).
         max_stones (`int`, defaults to 7): most stones per pile at reset.
-        epsilon (`float`, defaults to 0.3): the opponent's probability of a uniformly random move.
+        epsilon (`float`, defaults to 0.3): the opponent's probability of a uniformly random move (at most 2
+            decimals: the text states it).
         p_agent_first (`float`, defaults to 0.5): probability that the agent moves first.
     """
 
@@ -152,14 +155,15 @@ class NimEnv(AleaEnv):
                 f"env {self.name!r}: field 'min_stones': need 1 <= min_stones <= max_stones, got {min_stones!r}, "
                 f"{max_stones!r}"
             )
-        if not 0.0 <= float(epsilon) <= 1.0:
+        epsilon = exact_decimal(self.name, "epsilon", epsilon, 2)
+        if not 0.0 <= epsilon <= 1.0:
             raise ValueError(f"env {self.name!r}: field 'epsilon': must be in [0, 1], got {epsilon!r}")
         if not 0.0 <= float(p_agent_first) <= 1.0:
             raise ValueError(f"env {self.name!r}: field 'p_agent_first': must be in [0, 1], got {p_agent_first!r}")
         self.n_piles = int(n_piles)
         self.min_stones = int(min_stones)
         self.max_stones = int(max_stones)
-        self.epsilon = float(epsilon)
+        self.epsilon = epsilon
         self.p_agent_first = float(p_agent_first)
         self.n_bins = 1 << self.max_stones.bit_length()
         self.piles: list[int] = []

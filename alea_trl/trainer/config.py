@@ -7,10 +7,18 @@ from typing import Any
 
 from trl import GRPOConfig
 
+from .config_checks import (
+    check_generation_pacing,
+    check_inherited_fields,
+    check_resolved_fields,
+    fold_trust_remote_code,
+)
+
 
 TRAIN_MODES = ("heads", "tail", "full", "lora")
 DENSE_ADVANCE = ("best_of_k", "sample")
 ENV_ERROR_MODES = ("raise", "skip")
+OUTCOME_ADVANTAGES = ("rtg", "branch", "episode")
 
 
 def _accelerator_available() -> bool:
@@ -30,16 +38,16 @@ class _WholeGroups(int):
 class AleaEnvGRPOConfig(GRPOConfig):
     r"""Configuration of [`AleaEnvGRPOTrainer`]: everything in [`~trl.GRPOConfig`], plus the fields below.
 
-    GRPOConfig fields keep their meaning where one exists: `num_generations` is k (actions sampled per dense decision),
-    `beta` weighs the exact KL to the reference policy over the legal options, `temperature` is the sampling
-    temperature of the act head, `epsilon` / `epsilon_high` / `num_iterations` / `scale_rewards` act as in TRL
-    (`scale_rewards="batch"` takes the std over the rewards of one env at a time: envs report rewards in their own
-    units).
-    `per_device_train_batch_size` counts *decisions* per loss forward. `bf16` defaults to TRL's `True` when a GPU is
-    available and to `False` on a CPU-only machine. Text-generation options (vLLM, tools,
-    `max_completion_length`, `loss_type`, ...) have no meaning here: the vLLM and continuous-batching switches and
-    `cast_lm_head_to_fp32` raise, the others are ignored (with one action per sample every GRPO loss normalisation is
-    the same).
+    Every GRPOConfig field either acts on decision training or raises a `ValueError` naming it (the status of each
+    field is in docs/config_fields.md). Where a meaning exists it is TRL's, read over decisions: `num_generations` is
+    k (actions sampled per dense decision), `beta` weighs the exact KL to the reference policy over the legal options,
+    `temperature` / `top_k` / `top_p` / `min_p` shape the act head's sampling distribution, `epsilon` / `epsilon_high`
+    / `delta` / `loss_type` / `num_iterations` / `scale_rewards` act as in TRL with one sampled action in the place of
+    one completion (`scale_rewards="batch"` takes the std over the rewards of one env at a time: envs report rewards
+    in their own units). `per_device_train_batch_size` counts *decisions* per loss forward. `bf16` defaults to TRL's
+    `True` when a GPU is available and to `False` on a CPU-only machine. Text-generation options (vLLM, tools,
+    continuous batching, `max_completion_length`, `generation_kwargs`, ...) have no meaning here and raise unless left
+    at their defaults.
 
     > Environments
 
@@ -76,10 +84,27 @@ class AleaEnvGRPOConfig(GRPOConfig):
             `skipped_decisions` metric; nothing is truncated.
         dense_advance (`str`, *optional*, defaults to `"best_of_k"`):
             How a dense episode advances: by the best of its k sampled actions (`"best_of_k"`, as in the seed) or by
-            the first sample (`"sample"`, on-policy).
+            the first sample (`"sample"`, on-policy). With `"best_of_k"` the episode visits the states the best of k
+            reaches, and every decision trains on those states; `env/<name>/return` then logs the policy's expected
+            return at them and `env/<name>/return_best_of_k` the realised return.
+        outcome_advantage (`str`, *optional*, defaults to `"rtg"`):
+            How an outcome decision's sampled action is valued: `"rtg"`, its reward-to-go (this and every later
+            reward of the episode) against that env's recent rewards-to-go at the same step of an episode; `"branch"`,
+            Monte Carlo branching: each of its k samples is tried in a deep copy of the env and the current policy
+            plays the copy to the end, so the decision is a GRPO group trained at once (costs about k x the decisions
+            left in the episode, in forwards without autograd; capped by `branch_limit`; envs that cannot be copied
+            fall back to `"rtg"`); `"episode"`, the episode's return against the env's recent returns, for every
+            decision of the episode.
+        branch_limit (`int`, *optional*, defaults to `8`):
+            With `outcome_advantage="branch"`, the most outcome decisions branched per batch of decisions; the others
+            are valued by reward-to-go.
+        outcome_loss_weight (`float`, *optional*, defaults to `1.0`):
+            The policy loss averages the dense envs' samples and the outcome envs' samples separately and adds the
+            two means, the outcome mean times this weight: a dense decision carries k samples and an outcome
+            decision one, so one mean over all samples would make the outcome share depend on k and the batch mix.
         outcome_baseline_window (`int`, *optional*, defaults to `64`):
-            Outcome envs: episode returns are normalised per env by the mean (and, with `scale_rewards`, the std) of
-            this many most recent returns of that env.
+            Outcome envs: returns (and returns-to-go at each step) are normalised per env by the mean (and, with
+            `scale_rewards`, the std) of this many most recent ones of that env.
         on_env_error (`str`, *optional*, defaults to `"raise"`):
             What a malformed decision, target or reward does: `"raise"` a `ValueError` naming the env, the question
             and the field, or `"skip"`: reset that episode and count it in `skipped_decisions`.
@@ -156,8 +181,16 @@ class AleaEnvGRPOConfig(GRPOConfig):
         default="best_of_k",
         metadata={"help": "How dense episodes advance: 'best_of_k' (the seed's) or 'sample' (on-policy)."},
     )
+    outcome_advantage: str = field(
+        default="rtg",
+        metadata={"help": "Outcome decisions' advantage: 'rtg' (reward-to-go), 'branch' (env copies) or 'episode'."},
+    )
+    branch_limit: int = field(default=8, metadata={"help": "Most outcome decisions branched per batch of decisions."})
+    outcome_loss_weight: float = field(
+        default=1.0, metadata={"help": "Weight of the outcome envs' policy-loss mean (the dense envs' has weight 1)."}
+    )
     outcome_baseline_window: int = field(
-        default=64, metadata={"help": "Outcome envs: recent returns per env used to normalise a return."}
+        default=64, metadata={"help": "Outcome envs: recent returns per env (and step) used to normalise a return."}
     )
     on_env_error: str = field(
         default="raise",
@@ -199,6 +232,8 @@ class AleaEnvGRPOConfig(GRPOConfig):
         # with a stand-in that passes it, and k is validated here.
         if self.bf16 is None and not self.fp16 and not _accelerator_available():
             self.bf16 = False  # TRL's default (bf16) needs a GPU; on a CPU-only machine train in fp32
+        check_inherited_fields(self)  # before TRL's checks, so a refused field is named as the user set it
+        pacing_field = next((f for f in ("steps_per_generation", "generation_batch_size") if getattr(self, f)), None)
         k = self.num_generations
         self.num_generations = _WholeGroups(2)
         try:
@@ -207,17 +242,7 @@ class AleaEnvGRPOConfig(GRPOConfig):
             self.num_generations = k
         if not isinstance(k, int) or k < 2:
             raise ValueError(f"AleaEnvGRPOConfig: field 'num_generations': must be an integer >= 2 (k), got {k!r}")
-        if self.use_vllm:
-            raise ValueError(
-                "AleaEnvGRPOConfig: field 'use_vllm': Alea decisions are answered by heads in one forward pass, "
-                "no text is generated; set use_vllm=False"
-            )
-        if self.use_transformers_continuous_batching:
-            raise ValueError(
-                "AleaEnvGRPOConfig: field 'use_transformers_continuous_batching': no text is generated; set it False"
-            )
-        if self.cast_lm_head_to_fp32:
-            raise ValueError("AleaEnvGRPOConfig: field 'cast_lm_head_to_fp32': Alea models use no LM head; set False")
+        fold_trust_remote_code(self)
         if isinstance(self.envs, str):
             self.envs = [e.strip() for e in self.envs.split(",") if e.strip()]
         if not self.envs:
@@ -233,6 +258,9 @@ class AleaEnvGRPOConfig(GRPOConfig):
             ("max_len", self.max_len >= 8, "an integer >= 8"),
             ("tail_k", self.tail_k >= 1, "an integer >= 1"),
             ("outcome_baseline_window", self.outcome_baseline_window >= 2, "an integer >= 2"),
+            ("outcome_advantage", self.outcome_advantage in OUTCOME_ADVANTAGES, f"one of {OUTCOME_ADVANTAGES}"),
+            ("branch_limit", self.branch_limit >= 0, "an integer >= 0"),
+            ("outcome_loss_weight", self.outcome_loss_weight >= 0, "a number >= 0"),
             ("report_w", self.report_w >= 0, "a number >= 0"),
             ("max_steps", self.max_steps > 0, "a positive number of steps (there is no dataset epoch)"),
         ]
@@ -244,6 +272,8 @@ class AleaEnvGRPOConfig(GRPOConfig):
                 f"AleaEnvGRPOConfig: field 'max_batch_tokens': must be at least max_len={self.max_len} so that any "
                 f"valid decision fits in a forward, got {self.max_batch_tokens}"
             )
+        check_resolved_fields(self)
+        check_generation_pacing(self, pacing_field)
 
 
 __all__ = ["AleaEnvGRPOConfig"]

@@ -30,7 +30,7 @@ from .config import AleaEnvGRPOConfig
 from .forward import PolicyForward, act_rows
 from .loss import grpo_loss
 from .loss_inputs import rows_to_inputs, sampled_forward_inputs
-from .metrics import gathered_means, loss_sums, rollout_sums, stop_if_not_finite, token_sums
+from .metrics import gathered_means, loss_sums, rollout_sums, staleness_sums, stop_if_not_finite, token_sums
 from .model_card import append_evaluation, card_tags
 from .model_setup import (
     apply_train_mode,
@@ -136,6 +136,7 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
         rank = self.accelerator.process_index
         pool = EpisodePool(factories, args.eps_per_env, np_rng_for_rank(args.seed, rank), args.outcome_baseline_window)
         self.rollout = Rollout(pool, self._tokenizer, args, seed=args.seed * 1_000_003 + rank)
+        self.rollout.continuation_logits = self._continuation_logits
         self.env_factories = factories
         self._last_generation_time = None
 
@@ -175,6 +176,16 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
         """Whether actions are sampled from the loss forward (no separate rollout forward)."""
         return self.args.sample_in_loss_forward and self.num_iterations == 1
 
+    def _continuation_logits(self, packed) -> torch.Tensor:
+        """Act logits `(N, A)` of the current policy (eval mode, no gradient) for branch continuations."""
+        policy = self.accelerator.unwrap_model(self.model)
+        was_training = policy.training
+        policy.eval()
+        with torch.no_grad(), self.compute_loss_context_manager():
+            output, _, batch = self.policy_forward(policy, policy, packed, with_reference=False)
+        policy.train(was_training)
+        return act_rows(output.choice_logits, batch)
+
     def _generate_and_score_completions(self, generation_batch):
         """Rollouts instead of text generation: one row per decision (``len(generation_batch)`` rows)."""
         n_rows = len(generation_batch)
@@ -189,6 +200,7 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
             def logits_fn(packed):
                 return self._rollout_logits(policy, packed)
 
+            self.rollout.step = self.state.global_step
             rows = self.rollout.collect(n_rows, logits_fn)
             policy.train(was_training)
         self._log_rollout_stats(mode, n_rows)
@@ -220,7 +232,7 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
         if "decision_slot" in inputs:
             return self._loss_with_sampling(model, len(inputs["decision_slot"]))
         output, _, batch = self._answer(model, inputs["packed"], with_reference=False)
-        return self._loss(output, batch, inputs)
+        return self._loss(output, batch, inputs, self.policy_forward.padded_tokens)
 
     def _answer(self, model, packed, with_reference: bool):
         """``packed`` answered by ``model`` (and the reference): see :class:`~alea_trl.trainer.forward.PolicyForward`."""
@@ -233,17 +245,19 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
         rollout = self.rollout
         replay, wave = rollout.replays_and_wave(n_slots)
         output, ref_choice, batch = self._answer(model, [row.packed for row in replay] + wave.packed, self.beta != 0.0)
+        padded_tokens = self.policy_forward.padded_tokens  # before branch continuations run their own forwards
         n_replay = len(replay)
         act = act_rows(output.choice_logits.detach(), batch)[n_replay:]
         ref = act_rows(ref_choice, batch)[n_replay:] if ref_choice is not None else None
+        rollout.step = self.state.global_step
         rows = rollout.advance(wave, act, ref)
         inputs = sampled_forward_inputs(replay, wave, rows, self.args.num_generations, rollout.env_index)
         self._log_rollout_stats("train", len(batch.questions))
-        loss = self._loss(output, batch, inputs)
+        loss = self._loss(output, batch, inputs, padded_tokens)
         rollout.prefetch(wave.episodes)  # their next decisions, observed while the backward pass runs
         return loss
 
-    def _loss(self, output, batch, inputs):
+    def _loss(self, output, batch, inputs, padded_tokens: int):
         """:func:`~alea_trl.trainer.loss.grpo_loss` of one forward's outputs; logs its terms and the forward's
         tokens, and stops on a non-finite term before the backward pass."""
         loss, terms = grpo_loss(
@@ -256,13 +270,16 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
             beta=self.beta,
             report_w=self.args.report_w,
             taus=self._taus,
+            delta=self.args.delta,
+            outcome_weight=self.args.outcome_loss_weight,
         )
         # KL metrics count the rows whose KL trained here (host tensors: no device sync)
         env_index = torch.where(inputs["kl_report_mask"] > 0, inputs["env_index"], -1)
         sums = loss_sums(terms, env_index, self.rollout.pool.env_names)
         stop_if_not_finite(sums, self.state.global_step)
         count_padded = self.args.include_num_input_tokens_seen == "all"
-        sums |= token_sums(inputs["packed"], self.policy_forward.padded_tokens, count_padded)
+        sums |= token_sums(inputs["packed"], padded_tokens, count_padded)
+        sums |= staleness_sums(inputs, self.state.global_step)
         mode = "train" if self.model.training else "eval"
         # as TRL's GRPOTrainer does: the running total of all processes' tokens, logged as ``num_tokens``
         means = self._log_metrics(mode, sums)

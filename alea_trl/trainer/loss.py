@@ -1,11 +1,9 @@
-"""The Alea GRPO objective: advantages, the clipped-ratio policy loss over sampled actions, the exact KL to the
-reference over the legal options, and the proper-scoring report losses. Pure tensor functions, tested on hand-built
-tensors; the trainers and the benchmarks' unpacked loop call the same ones.
+"""The Alea GRPO objective: the clipped-ratio policy loss over sampled actions, the exact KL to the reference over
+the legal options, and the proper-scoring report losses (the advantages it weighs are ``advantages.py``'s). Pure
+tensor functions, tested on hand-built tensors; the trainers and the benchmarks' unpacked loop call the same ones.
 
 Design decisions:
-1. Dense decisions: the k sampled actions' exact expected rewards give the group advantage ``(r - mean) / (std +
-   1e-4)`` (``scale_rewards`` "group", "batch" or "none"; "batch" takes one std per env, since envs report rewards in
-   their own units). Outcome decisions: the episode return against a window of that env's recent returns.
+1. The dense envs' samples and the outcome envs' samples are averaged separately (see :func:`policy_loss`).
 2. One decision row holds up to k sampled actions (dense) or one replayed action (outcome); ``sample_mask`` marks the
    real ones. The policy loss is the mean over real samples of ``max(-A r, -A clip(r, 1-eps_low, 1+eps_high))`` with
    ``r = exp(logp - old_logp)`` (PPO/GRPO, Schulman et al. 2017; Shao et al. 2024).
@@ -20,7 +18,6 @@ Design decisions:
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,48 +31,25 @@ from ..losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
 from ..questions import ACT_QID, QTYPES
 
 
-# ---------------------------------------------------------------------------------------------------- advantages
-def group_advantages(
-    rewards: torch.Tensor, scale_rewards: str, batch_std: float | torch.Tensor | None = None
-) -> torch.Tensor:
-    """GRPO advantages of the k rewards of a decision (the last dimension; a `(D, k)` tensor holds D decisions):
-    centred on their mean, scaled as ``scale_rewards`` says. A group whose rewards are all equal has no signal and
-    gets exactly zero (rounding in the mean would otherwise be amplified by the scaling). With ``"batch"``,
-    ``batch_std`` is one float or a `(D, 1)` tensor (each decision's env's std, see `env_batch_std`)."""
-    centred = rewards - rewards.mean(-1, keepdim=True)
-    if scale_rewards == "group":
-        centred = centred / (rewards.std(-1, keepdim=True) + 1e-4)
-    elif scale_rewards == "batch":
-        centred = centred / ((batch_std if batch_std is not None else 0.0) + 1e-4)
-    no_signal = (rewards == rewards[..., :1]).all(-1, keepdim=True)
-    return centred.masked_fill(no_signal, 0.0)
-
-
-def env_batch_std(rewards: torch.Tensor, env_ids: torch.Tensor) -> torch.Tensor:
-    """The std of all the sampled rewards in a batch that belong to the same env, for each decision: `(D, 1)` from
-    `(D, k)` rewards and `(D,)` env ids. It is TRL's ``scale_rewards="batch"`` taken per env: the envs of a mix
-    report rewards in their own units (newsvendor in money, kelly in log growth), so one std over all of them would
-    leave every env but the largest-scale one with near-zero advantages."""
-    out = torch.empty(rewards.shape[0], 1, dtype=rewards.dtype)
-    for env in env_ids.unique().tolist():
-        rows = env_ids == env
-        out[rows] = rewards[rows].std() if rewards[rows].numel() > 1 else 0.0
-    return out
-
-
-def outcome_advantage(ret: float, recent_returns: Sequence[float], scale: bool) -> float:
-    """Advantage of an outcome episode's return against its env's recent returns (which include it): centred on
-    their mean and, with ``scale``, divided by their std; 0 while fewer than two returns are known."""
-    window = np.asarray(recent_returns, dtype=np.float64)
-    if len(window) < 2:
-        return 0.0
-    adv = ret - window.mean()
-    if scale:
-        adv /= window.std() + 1e-4
-    return float(adv) if math.isfinite(adv) else 0.0
-
-
 # ---------------------------------------------------------------------------------------------------------- terms
+@dataclass
+class PolicyStats:
+    """Diagnostics of the policy loss (no gradient).
+
+    Attributes:
+        clip_ratio (`torch.Tensor`): share of real samples whose gradient the clip removed.
+        clip_ratio_outcome (`torch.Tensor`): the same over the outcome envs' samples (0 when there is none).
+        approx_kl (`torch.Tensor`): ``mean((r - 1) - log r)`` over real samples, an estimate of KL(old || new)
+            (Schulman, "Approximating KL divergence", 2020).
+        n_outcome (`float`): outcome samples in the batch.
+    """
+
+    clip_ratio: torch.Tensor
+    clip_ratio_outcome: torch.Tensor
+    approx_kl: torch.Tensor
+    n_outcome: float
+
+
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -83,23 +57,49 @@ def policy_loss(
     sample_mask: torch.Tensor,
     epsilon_low: float,
     epsilon_high: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clipped-ratio policy loss and the fraction of samples whose ratio was clipped.
+    delta: float | None = None,
+    outcome_rows: torch.Tensor | None = None,
+    outcome_weight: float = 1.0,
+) -> tuple[torch.Tensor, PolicyStats]:
+    """Clipped-ratio policy loss, with the dense envs' and the outcome envs' samples averaged separately.
+
+    A dense decision carries k samples and an outcome decision one (or k when branched), so one mean over all samples
+    would give the outcome envs a share that depends on k and on the batch mix. Each kind's samples are averaged on
+    their own and the two means added, the outcome mean weighted by ``outcome_weight``: a kind's gradient scale does
+    not depend on whether the other kind is in the batch.
 
     Args:
         logp, old_logp, advantages (`torch.Tensor` of shape `(N, k)`): current and behaviour log-probs of the sampled
             actions, and their advantages.
         sample_mask (`torch.Tensor` of shape `(N, k)`): which samples are real.
+        epsilon_low, epsilon_high (`float`): the ratio clip range.
+        delta (`float`, *optional*): TRL's two-sided clip: the unclipped ratio is capped at ``delta``, which bounds the
+            loss of a sample with a negative advantage whose ratio grew large (a stale replay).
+        outcome_rows (`torch.Tensor` of shape `(N,)`, *optional*): which rows belong to outcome envs (default: none).
+        outcome_weight (`float`): weight of the outcome envs' mean.
     """
-    mask = sample_mask.float()
     ratio = torch.exp(logp - old_logp)  # (N, k)
-    pg_loss1 = -advantages * ratio
+    capped = ratio if delta is None else torch.clamp(ratio, max=delta)
+    pg_loss1 = -advantages * capped
     pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
     pg_loss = torch.max(pg_loss1, pg_loss2)  # (N, k)
-    denom = mask.sum().clamp(min=1.0)
-    with torch.no_grad():  # the share of samples whose gradient the clip removed
-        clipped = ((pg_loss2 > pg_loss1) & sample_mask).float().sum() / denom
-    return (pg_loss * mask).sum() / denom, clipped
+    outcome = torch.zeros_like(sample_mask) if outcome_rows is None else outcome_rows[:, None].expand_as(sample_mask)
+    loss = pg_loss.new_zeros(())
+    for kind, weight in ((sample_mask & ~outcome, 1.0), (sample_mask & outcome, outcome_weight)):
+        if outcome_rows is None or kind.any():
+            mask = kind.float()
+            loss = loss + weight * (pg_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    with torch.no_grad():
+        clipped = (pg_loss2 > pg_loss1) & sample_mask
+        n_real, n_outcome = sample_mask.sum().clamp(min=1), (sample_mask & outcome).sum()
+        log_ratio = (logp - old_logp).masked_fill(~sample_mask, 0.0)
+        stats = PolicyStats(
+            clip_ratio=clipped.float().sum() / n_real,
+            clip_ratio_outcome=(clipped & outcome).float().sum() / n_outcome.clamp(min=1),
+            approx_kl=((log_ratio.exp() - 1) - log_ratio).sum() / n_real,
+            n_outcome=float(n_outcome),
+        )
+    return loss, stats
 
 
 def exact_kl(logp: torch.Tensor, ref_logp: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
@@ -182,7 +182,7 @@ class LossTerms:
         kl (`torch.Tensor` of shape `(N,)`): each row's exact KL, 0 for rows whose KL does not train here.
         report (`torch.Tensor`): the mean report loss (0 when no report has a target).
         has_reports (`bool`): whether any report question had a target.
-        clip_ratio (`torch.Tensor`): the share of policy samples whose ratio was clipped.
+        policy_stats (`PolicyStats`): the clip ratios and the approximate KL to the behaviour policy.
         reports (`dict[str, list[torch.Tensor]]`): per qtype, the per-question report losses.
     """
 
@@ -190,7 +190,7 @@ class LossTerms:
     kl: torch.Tensor
     report: torch.Tensor
     has_reports: bool
-    clip_ratio: torch.Tensor
+    policy_stats: PolicyStats
     reports: dict[str, list[torch.Tensor]]
 
 
@@ -210,6 +210,8 @@ def grpo_loss(
     beta: float,
     report_w: float,
     taus: Sequence[float],
+    delta: float | None = None,
+    outcome_weight: float = 1.0,
 ) -> tuple[torch.Tensor, LossTerms]:
     """The whole objective of one forward: clipped policy loss + ``beta`` x exact KL + ``report_w`` x report loss.
 
@@ -224,6 +226,8 @@ def grpo_loss(
         beta (`float`): weight of the KL term.
         report_w (`float`): weight of the report loss.
         taus (`Sequence[float]`): the regress head's quantile levels.
+        delta (`float`, *optional*), outcome_weight (`float`): see :func:`policy_loss` (the rows of outcome envs are
+            ``inputs["outcome_rows"]``).
 
     Returns:
         `(torch.Tensor, LossTerms)`: the loss and its parts.
@@ -233,8 +237,9 @@ def grpo_loss(
     logp_all = torch.log_softmax(act_logits.float() / temperature, -1)  # (N, A)
     logp = logp_all.gather(1, inputs["actions"].to(device))  # (N, k)
     old_logp, advantages = inputs["old_logps"].to(device), inputs["advantages"].to(device)
-    pg_loss, clip_ratio = policy_loss(
-        logp, old_logp, advantages, inputs["sample_mask"].to(device), epsilon_low, epsilon_high
+    sample_mask, outcome_rows = inputs["sample_mask"].to(device), inputs["outcome_rows"].to(device)
+    pg_loss, stats = policy_loss(
+        logp, old_logp, advantages, sample_mask, epsilon_low, epsilon_high, delta, outcome_rows, outcome_weight
     )
     loss = pg_loss
     kl_report_mask = inputs["kl_report_mask"].to(device)  # (N,): rows whose KL and reports train here
@@ -250,7 +255,7 @@ def grpo_loss(
     touch = output.option_logits.sum() + output.noul_logits.sum() + output.quantiles.sum()
     touch = touch + output.score_logits.masked_fill(~torch.isfinite(output.score_logits), 0.0).sum()
     loss = loss + 0.0 * touch
-    return loss, LossTerms(pg_loss, kl, report_loss, has_reports, clip_ratio, reports)
+    return loss, LossTerms(pg_loss, kl, report_loss, has_reports, stats, reports)
 
 
 def supervised_loss(
@@ -290,12 +295,10 @@ def mean_report_loss(reports: dict[str, list[torch.Tensor]], device) -> tuple[to
 
 __all__ = [
     "LossTerms",
+    "PolicyStats",
     "act_logits_of",
-    "env_batch_std",
     "exact_kl",
-    "group_advantages",
     "grpo_loss",
-    "outcome_advantage",
     "policy_loss",
     "mean_report_loss",
     "report_losses",

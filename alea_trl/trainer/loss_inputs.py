@@ -33,6 +33,10 @@ class DecisionRow:
     advantages: list[float]
     old_logps: list[float]
     ref_logps: torch.Tensor | None
+    outcome: bool = False
+    step: int = 0  # the optimizer step at which its actions were sampled
+    ready: bool = True  # its advantages were known when it was made (dense, or outcome valued by branching)
+    t: int = 0  # outcome rows valued at the episode's end: the decision's index in its episode
 
 
 def rows_to_inputs(
@@ -52,7 +56,7 @@ def rows_to_inputs(
 
     Returns:
         `dict`: ``actions``, ``sample_mask``, ``advantages``, ``old_logps`` `(N, k)`; ``kl_report_mask`` `(N,)`
-        (float); ``env_index`` `(N,)`; ``ref_logps`` `(N, A)` (the reference's log-probs over each row's legal
+        (float); ``env_index``, ``outcome_rows`` (rows of outcome envs), ``sampled_at_step`` `(N,)`; ``ref_logps`` `(N, A)` (the reference's log-probs over each row's legal
         actions, zero-padded; zero for rows without them); ``packed`` and ``targets`` (lists).
     """
     n = len(rows)
@@ -86,6 +90,8 @@ def rows_to_inputs(
         "old_logps": old,
         "kl_report_mask": torch.tensor(trains_kl_and_reports, dtype=torch.float32),
         "env_index": torch.tensor([row.env_index for row in rows], dtype=torch.long),
+        "outcome_rows": torch.tensor([row.outcome for row in rows], dtype=torch.bool),
+        "sampled_at_step": torch.tensor([row.step for row in rows], dtype=torch.long),
         "ref_logps": ref,
         "packed": [row.packed for row in rows],
         "targets": [row.targets if use else {} for row, use in zip(rows, trains_kl_and_reports)],
@@ -99,9 +105,9 @@ def sampled_forward_inputs(replay: list[DecisionRow], wave, rows: list[DecisionR
         replay (`list[DecisionRow]`): outcome decisions whose episodes ended: their actions enter the policy loss
             (their KL and reports were trained when they were made).
         wave (`Wave`): the fresh decisions, after ``replay`` in the forward.
-        rows (`list[DecisionRow | None]`): :meth:`Rollout.advance`'s rows for ``wave``: a dense row enters every
-            term; an outcome row its KL and reports (its action waits for the return); ``None`` (a skipped env
-            failure) nothing.
+        rows (`list[DecisionRow | None]`): :meth:`Rollout.advance`'s rows for ``wave``: a row whose advantages are
+            known (dense, or outcome valued by branching) enters every term; another outcome row its KL and reports
+            (its action waits for the return); ``None`` (a skipped env failure) nothing.
         k (`int`): ``num_generations``.
         env_index (`dict[str, int]`): env name -> index.
     """
@@ -109,7 +115,7 @@ def sampled_forward_inputs(replay: list[DecisionRow], wave, rows: list[DecisionR
     for ep, packed, row in zip(wave.episodes, wave.packed, rows):
         made = row is not None
         full.append(row if made else DecisionRow(env_index[ep.env_name], packed, {}, [], [], [], None))
-        trains_action.append(made and ep.env.dense)
+        trains_action.append(made and row.ready)
         trains_kl_and_reports.append(made)
     return rows_to_inputs(full, k, trains_action, trains_kl_and_reports)
 

@@ -33,18 +33,20 @@ def gathered_means(accelerator, sums: dict[str, tuple[float, float]]) -> dict[st
 
 
 def rollout_sums(stats: dict[str, list[float]], env_names: list[str]) -> dict[str, tuple[float, float]]:
-    """(sum, count) pairs of a rollout's statistics: per env the episode return, the regret and the entropy of the act
-    distribution (means over decisions or episodes), and the totals of skipped decisions and env errors."""
-    keys = [f"env/{e}/{m}" for e in env_names for m in ("return", "regret", "entropy")]
+    """(sum, count) pairs of a rollout's statistics: per env the episode return (and the realised return of dense
+    episodes advanced by the best of k), the regret and the entropy of the act distribution (means over decisions or
+    episodes), and the totals of skipped decisions, env errors, branched decisions and their continuation decisions."""
+    keys = [f"env/{e}/{m}" for e in env_names for m in ("return", "return_best_of_k", "regret", "entropy")]
     sums = {k: (sum(stats.get(k, [])), len(stats.get(k, []))) for k in keys}
-    sums["skipped_decisions"] = (sum(stats.get("skipped_decisions", [])), 1.0)
-    sums["env_errors"] = (sum(stats.get("env_errors", [])), 1.0)
+    for total in ("skipped_decisions", "env_errors", "branch/decisions", "branch/continuation_decisions"):
+        sums[total] = (sum(stats.get(total, [])), 1.0)
     return sums
 
 
 def loss_sums(terms, env_index: torch.Tensor, env_names: list[str]) -> dict[str, tuple[float, float]]:
     """(sum, count) pairs of one forward's loss terms (one device sync): the policy, KL and report losses, the clip
-    ratio, the report loss per qtype and the KL per env.
+    ratio (all samples, and ``clip_ratio/replay`` over the outcome envs' samples), ``approx_kl`` to the behaviour
+    policy, the report loss per qtype and the KL per env.
 
     Args:
         terms (`LossTerms`): the loss's parts (see `alea_trl.trainer.loss.grpo_loss`).
@@ -54,9 +56,11 @@ def loss_sums(terms, env_index: torch.Tensor, env_names: list[str]) -> dict[str,
     """
     kl = terms.kl.detach()
     n_kl = float((env_index >= 0).sum())
-    names = ["loss/policy", "loss/kl", "loss/report", "clip_ratio"]
-    values = [terms.policy.detach(), kl.sum() / max(n_kl, 1.0), terms.report.detach(), terms.clip_ratio]
-    counts = [1.0, 1.0 if n_kl > 0 else 0.0, 1.0 if terms.has_reports else 0.0, 1.0]
+    stats = terms.policy_stats
+    names = ["loss/policy", "loss/kl", "loss/report", "clip_ratio", "clip_ratio/replay", "approx_kl"]
+    values = [terms.policy.detach(), kl.sum() / max(n_kl, 1.0), terms.report.detach(), stats.clip_ratio]
+    values += [stats.clip_ratio_outcome, stats.approx_kl]
+    counts = [1.0, 1.0 if n_kl > 0 else 0.0, 1.0 if terms.has_reports else 0.0, 1.0, float(stats.n_outcome > 0), 1.0]
     for q in QTYPES:
         names.append(f"report/{q}")
         values.append(torch.stack(terms.reports[q]).detach().sum() if terms.reports[q] else kl.new_zeros(()))
@@ -82,6 +86,13 @@ def stop_if_not_finite(sums: dict[str, tuple[float, float]], step: int) -> None:
             )
 
 
+def staleness_sums(inputs: dict, step: int) -> dict[str, tuple[float, float]]:
+    """``replay/staleness``: optimizer steps between the sampling of the outcome envs' trained actions and ``step``."""
+    trained = inputs["outcome_rows"] & inputs["sample_mask"].any(-1)
+    age = (step - inputs["sampled_at_step"]).float()
+    return {"replay/staleness": (float(age[trained].sum()), float(trained.sum()))}
+
+
 def token_sums(packed: list, padded_tokens: int, count_padded: bool) -> dict[str, tuple[float, float]]:
     """(sum, count) pairs of one loss forward's tokens: real tokens per decision, the share of padding, and
     ``tokens/counted`` (padded tokens with ``count_padded``, else real ones) for ``state.num_input_tokens_seen``.
@@ -99,4 +110,4 @@ def token_sums(packed: list, padded_tokens: int, count_padded: bool) -> dict[str
     }
 
 
-__all__ = ["gathered_means", "loss_sums", "rollout_sums", "stop_if_not_finite", "token_sums"]
+__all__ = ["gathered_means", "loss_sums", "rollout_sums", "staleness_sums", "stop_if_not_finite", "token_sums"]

@@ -73,7 +73,7 @@ class Observer:
             self.stats["skipped_decisions"].append(0.0)
         return wave
 
-    def _prepare(self, env, name: str):
+    def prepare(self, env, name: str):
         """Observe, validate and pack ``env``'s decision without side effects: ``(None, (packed, targets, rewards),
         decision)``, or ``(where, error, decision)`` with ``where`` "observe" (a malformed decision, target or
         reward, or an error inside the env) or "pack" (the decision does not fit ``max_len``)."""
@@ -100,7 +100,7 @@ class Observer:
         cached = self._prefetched.pop(id(episode), None)
         if cached is not None and cached[0] is episode.env.observe():  # the env has not moved since
             return cached[1]
-        where, value, _ = self._prepare(episode.env, episode.env_name)
+        where, value, _ = self.prepare(episode.env, episode.env_name)
         if where == "observe":
             self.env_failed(episode, "observe", value)
             return None
@@ -141,7 +141,7 @@ class Observer:
     def _prefetch_run(self, episodes: list[Episode]) -> None:
         for ep in episodes:
             try:
-                where, value, decision = self._prepare(ep.env, ep.env_name)
+                where, value, decision = self.prepare(ep.env, ep.env_name)
             except Exception:  # left for the main thread, which raises it where it belongs
                 continue
             if where is None:

@@ -6,8 +6,8 @@ Design decisions:
 2. Scheduling is fair across envs: decisions are taken round-robin over envs (one live episode of each env in turn,
    starting from a rotating env), so an env with long states or long episodes cannot crowd the others out.
 3. A finished episode is recycled at once (reset with the pool's generator) and its return recorded.
-4. Each env keeps a window of its recent returns: outcome advantages are normalised per env against it, since envs'
-   returns live on different scales.
+4. Each env keeps a window of its recent returns, and one of its recent returns-to-go per step index: outcome
+   advantages are normalised per env (and per step) against them, since envs' returns live on different scales.
 5. The whole pool (envs, generator, open outcome decisions, return windows) pickles, so a checkpoint carries it and
    training resumes where it stopped.
 """
@@ -24,13 +24,16 @@ import numpy as np
 
 @dataclass
 class Episode:
-    """One live episode: its env, the return so far, and (outcome envs) the decisions awaiting the return."""
+    """One live episode: its env, the return so far (realised, and for dense envs the policy's expected return at the
+    states met), the reward of each step, and (outcome envs) the decisions awaiting the return."""
 
     env_name: str
     env: Any
     ret: float = 0.0
     n_decisions: int = 0
     pending: list = field(default_factory=list)
+    policy_ret: float = 0.0
+    rewards: list = field(default_factory=list)
 
 
 class EpisodePool:
@@ -53,6 +56,7 @@ class EpisodePool:
             for name, factory in factories.items()
         }
         self.returns: dict[str, deque] = {name: deque(maxlen=baseline_window) for name in self.env_names}
+        self.step_returns: dict[str, list[deque]] = {name: [] for name in self.env_names}  # [step] -> window
         self._turn = 0
         self._cursor: dict[str, int] = {}
 
@@ -83,6 +87,7 @@ class EpisodePool:
         """Start a fresh episode in this slot (dropping anything the old one had pending)."""
         episode.env.reset(self.rng)
         episode.ret, episode.n_decisions, episode.pending = 0.0, 0, []
+        episode.policy_ret, episode.rewards = 0.0, []
 
     def finish(self, episode: Episode) -> float:
         """Record a finished episode's return and recycle its slot; returns the return."""
@@ -90,6 +95,18 @@ class EpisodePool:
         self.returns[episode.env_name].append(ret)
         self.reset_episode(episode)
         return ret
+
+    def record_returns_to_go(self, env_name: str, returns_to_go: list[float]) -> list[deque]:
+        """Record the returns-to-go of a finished episode's decisions, one per step index, in that env's per-step
+        windows; returns the windows of those steps (each holding its new return)."""
+        if not hasattr(self, "step_returns"):  # a pool pickled before per-step windows existed
+            self.step_returns = {name: [] for name in self.env_names}
+        windows = self.step_returns[env_name]
+        while len(windows) < len(returns_to_go):
+            windows.append(deque(maxlen=self.returns[env_name].maxlen))
+        for window, g in zip(windows, returns_to_go):
+            window.append(g)
+        return windows[: len(returns_to_go)]
 
 
 def np_rng_for_rank(seed: int, rank: int) -> np.random.Generator:

@@ -7,11 +7,13 @@ Design decisions:
    trainer's ``sample_in_loss_forward``) or from a separate no-grad forward (``run_wave``: up to ``max_batch``
    decisions).
 2. Dense decisions: k actions from one set of act logits; their exact expected rewards give the group advantages
-   (:func:`~alea_trl.trainer.loss.group_advantages`). The episode advances by the best of the k (``dense_advance=
+   (:func:`~alea_trl.trainer.advantages.group_advantages`). The episode advances by the best of the k (``dense_advance=
    "best_of_k"``, the seed's) or by the first sample (``"sample"``, on-policy).
-3. Outcome decisions: one action, stored with its behaviour log-prob; when the episode ends each stored decision
-   becomes a row whose advantage is the return normalised against the env's recent returns
-   (:func:`~alea_trl.trainer.loss.outcome_advantage`). The behaviour log-prob lets the loss importance-correct a
+3. Outcome decisions (``outcome_advantage``): with ``"branch"`` each of the k sampled actions is valued in a deep copy
+   of the env played to the end by the current policy (:mod:`~alea_trl.trainer.branching`), and the decision is a group
+   like a dense one; otherwise one action is stored with its behaviour log-prob, and when the episode ends the row's
+   advantage is its return-to-go (``"rtg"``) or the episode's return (``"episode"``) against that env's recent ones
+   (:func:`~alea_trl.trainer.advantages.outcome_advantage`). The behaviour log-prob lets the loss importance-correct a
    replay that happens after the policy moved.
 4. Every row carries the reference policy's log-probs over its legal actions (the reference is frozen, so computing
    them at decision time is exact) and the decision's validated report targets.
@@ -29,7 +31,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .loss import env_batch_std, group_advantages, outcome_advantage
+from .advantages import env_batch_std, group_advantages, outcome_advantage
+from .branching import branch_values
 from .loss_inputs import DecisionRow
 from .observation import Observer, Wave
 from .pool import Episode, EpisodePool
@@ -69,6 +72,10 @@ class Rollout:
         self.stats: dict[str, list[float]] = defaultdict(list)
         self.queue: deque[DecisionRow] = deque()
         self.observer = Observer(tokenizer, args, self.stats, lambda ep: self.pool.reset_episode(ep))
+        self.step = 0  # the optimizer step (set by the trainer): rows record when their actions were sampled
+        # the current policy's act logits (no gradient) for branch continuations; set by the trainer
+        self.continuation_logits: Callable | None = None
+        self.not_copyable: set[str] = set()  # envs whose deep copy failed: valued by reward-to-go
 
     # ------------------------------------------------------------------------------------------------- collection
     def collect(self, n_rows: int, logits_fn: Callable) -> list[DecisionRow]:
@@ -129,7 +136,7 @@ class Rollout:
         before = len(self.queue)
         rows = self.advance(wave, logits, ref_logits)
         self.prefetch(wave.episodes)
-        self.queue.extend(row for row, ep in zip(rows, wave.episodes) if row is not None and ep.env.dense)
+        self.queue.extend(row for row in rows if row is not None and row.ready)
         return len(self.queue) - before
 
     # --------------------------------------------------------------------------------------- sampling and stepping
@@ -137,9 +144,11 @@ class Rollout:
         """Sample actions for a wave from the policy's act logits, step the envs, and return one row per decision
         (``None`` where the env failed and ``on_env_error="skip"`` reset it).
 
-        Dense rows come back with their k actions and group advantages. An outcome row holds its one action and is
-        also kept with its episode: when the episode ends, it goes to the queue with the return's advantage. The
-        sampling and the advantages are computed for the whole wave at once (one ``(N, k)`` draw from the
+        Dense rows come back with their k actions and group advantages; so do outcome rows valued by branching
+        (``outcome_advantage="branch"``). Another outcome row holds its one action and waits with its episode: when
+        the episode ends, it goes to the queue with its advantage (``"rtg"``: its return-to-go against that env's
+        recent returns-to-go at the same step; ``"episode"``: the episode's return against the env's recent returns).
+        The sampling and the advantages are computed for the whole wave at once (one ``(N, k)`` draw from the
         generator); only the env steps run per decision.
 
         Args:
@@ -159,7 +168,8 @@ class Rollout:
         dense = [ep.env.dense for ep in wave.episodes]
         rewards = self._expected_rewards(wave, dense, logp_all.shape)  # (N, A)
         sampled = rewards.gather(1, actions)  # (N, k)
-        regret = rewards.masked_fill(~legal, float("-inf")).amax(-1) - (probs * rewards).sum(-1)  # (N,)
+        expected = (probs * rewards).sum(-1)  # (N,) the policy's expected reward (dense)
+        regret = rewards.masked_fill(~legal, float("-inf")).amax(-1) - expected  # (N,)
         if args.dense_advance == "best_of_k":
             dense_step = actions.gather(1, sampled.argmax(-1, keepdim=True))[:, 0]
         else:
@@ -167,22 +177,55 @@ class Rollout:
         n_legal = legal.sum(-1).tolist()
         h, reg, act, step_a = entropy.tolist(), regret.tolist(), actions.tolist(), dense_step.tolist()
         logp_act = logp_all.gather(1, actions).tolist()
+        branched = self._branch(wave, dense, act)
 
         rows: list[DecisionRow | None] = []
         for i, ep in enumerate(wave.episodes):
             ref_logp = ref_all[i, : n_legal[i]].clone() if ref_all is not None else None  # its own storage
             self.stats[f"env/{ep.env_name}/entropy"].append(h[i])
-            idx = self.env_index[ep.env_name]
+            made = (self.env_index[ep.env_name], wave.packed[i], wave.targets[i])
             if dense[i]:
                 self.stats[f"env/{ep.env_name}/regret"].append(reg[i])
-                row = DecisionRow(idx, wave.packed[i], wave.targets[i], act[i], [], logp_act[i], ref_logp)
+                ep.policy_ret += float(expected[i])
+                row = DecisionRow(*made, act[i], [], logp_act[i], ref_logp)
                 step = step_a[i]
-            else:  # one action: the first of the row's draws
+            elif branched[i] is not None:  # valued now: k actions, the episode goes on with the first
+                row = DecisionRow(*made, act[i], [], logp_act[i], ref_logp, outcome=True, step=self.step)
                 step = act[i][0]
-                row = DecisionRow(idx, wave.packed[i], wave.targets[i], [step], [], [logp_act[i][0]], ref_logp)
+            else:  # one action (the first of the row's draws), valued when the episode ends
+                step = act[i][0]
+                row = DecisionRow(
+                    *made, [step], [], [logp_act[i][0]], ref_logp, True, self.step, False, ep.n_decisions
+                )
             rows.append(row if self._step(ep, step, row) else None)
-        self._set_dense_advantages(wave, rows, sampled)
+        values = sampled.clone()
+        for i, v in enumerate(branched):
+            if v is not None:
+                values[i] = torch.tensor(v, dtype=values.dtype)
+        self._set_group_advantages(wave, rows, values)
         return rows
+
+    def _branch(self, wave: Wave, dense: list[bool], actions: list[list[int]]) -> list[list[float] | None]:
+        """Branch returns of the k sampled actions of the wave's outcome decisions (``None`` where not branched)."""
+        out: list[list[float] | None] = [None] * len(dense)
+        outcome = [i for i, d in enumerate(dense) if not d]
+        if self.args.outcome_advantage != "branch" or not outcome or self.continuation_logits is None:
+            return out
+        values, answered = branch_values(
+            [wave.episodes[i] for i in outcome],
+            [actions[i] for i in outcome],
+            self.observer,
+            self.continuation_logits,
+            self.generator,
+            self.args.temperature,
+            self.args.branch_limit,
+            self.not_copyable,
+        )
+        for i, v in zip(outcome, values):
+            out[i] = v
+        self.stats["branch/decisions"].append(float(sum(v is not None for v in values)))
+        self.stats["branch/continuation_decisions"].append(float(answered))
+        return out
 
     @staticmethod
     def _expected_rewards(wave: Wave, dense: list[bool], shape) -> torch.Tensor:
@@ -195,7 +238,8 @@ class Rollout:
 
     def _step(self, ep: Episode, action: int, row: DecisionRow) -> bool:
         """Step ``ep``'s env with ``action``; ``False`` when the env failed and was reset (``on_env_error="skip"``).
-        An outcome row waits with its episode; a finished episode is recycled and its outcome rows queued."""
+        A row valued at the episode's end waits with its episode; a finished episode is recycled and its waiting rows
+        queued."""
         try:
             reward, done = ep.env.step(action)
             reward = float(reward)
@@ -204,36 +248,53 @@ class Rollout:
         except Exception as err:
             self.observer.env_failed(ep, "step", err)  # the row is dropped with the episode
             return False
-        if not ep.env.dense:
+        if not row.ready:
             ep.pending.append(row)
         ep.ret += reward
+        ep.rewards.append(reward)
         ep.n_decisions += 1
         if done:
             self._finish(ep)
         return True
 
-    def _set_dense_advantages(self, wave: Wave, rows: list[DecisionRow | None], sampled: torch.Tensor) -> None:
-        """Group advantages of the dense rows from their k sampled actions' expected rewards `(N, k)`."""
-        dense_rows = [i for i, row in enumerate(rows) if row is not None and wave.episodes[i].env.dense]
-        if not dense_rows:
+    def _set_group_advantages(self, wave: Wave, rows: list[DecisionRow | None], values: torch.Tensor) -> None:
+        """Group advantages of the rows valued now (dense, branched) from their k sampled actions' values `(N, k)`."""
+        ready = [i for i, row in enumerate(rows) if row is not None and row.ready]
+        if not ready:
             return
-        r = sampled[dense_rows]  # (D, k)
+        r = values[ready]  # (D, k)
         batch_std = None
         if self.args.scale_rewards == "batch":
-            env_ids = torch.tensor([self.env_index[wave.episodes[i].env_name] for i in dense_rows])
+            env_ids = torch.tensor([self.env_index[wave.episodes[i].env_name] for i in ready])
             batch_std = env_batch_std(r, env_ids)
-        for i, adv in zip(dense_rows, group_advantages(r, self.args.scale_rewards, batch_std).tolist()):
+        for i, adv in zip(ready, group_advantages(r, self.args.scale_rewards, batch_std).tolist()):
             rows[i].advantages = adv
 
     def _finish(self, ep: Episode) -> None:
-        pending, name = ep.pending, ep.env_name
+        """Record a finished episode's returns, recycle it, and queue its waiting rows with their advantages.
+
+        ``env/<name>/return`` is the return of the sampled policy: the realised return, except for dense episodes
+        advanced by the best of k samples, whose realised return (logged as ``return_best_of_k``) is not the policy's;
+        for those it is the sum over the episode's decisions of the policy's expected reward at the states met."""
+        pending, name, rewards, dense, policy_ret = ep.pending, ep.env_name, ep.rewards, ep.env.dense, ep.policy_ret
         ret = self.pool.finish(ep)
-        self.stats[f"env/{name}/return"].append(ret)
-        if pending:
-            adv = outcome_advantage(ret, self.pool.returns[name], scale=self.args.scale_rewards != "none")
-            for row in pending:
-                row.advantages = [adv]
-                self.queue.append(row)
+        if dense and self.args.dense_advance == "best_of_k":
+            self.stats[f"env/{name}/return"].append(policy_ret)
+            self.stats[f"env/{name}/return_best_of_k"].append(ret)
+        else:
+            self.stats[f"env/{name}/return"].append(ret)
+        if dense:
+            return
+        scale = self.args.scale_rewards != "none"
+        if self.args.outcome_advantage == "episode":
+            advantages = [outcome_advantage(ret, self.pool.returns[name], scale)] * len(pending)
+        else:  # reward-to-go against the env's recent returns-to-go at the same step
+            to_go = np.cumsum(rewards[::-1])[::-1].tolist()
+            windows = self.pool.record_returns_to_go(name, to_go)
+            advantages = [outcome_advantage(to_go[row.t], windows[row.t], scale) for row in pending]
+        for row, adv in zip(pending, advantages):
+            row.advantages = [adv]
+            self.queue.append(row)
 
     # ------------------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict:

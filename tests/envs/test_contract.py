@@ -1,13 +1,17 @@
 """The env contract, for every registered env: determinism, copying, misuse errors, valid targets."""
 
 import copy
+import math
 import pickle
+import re
 from collections import Counter
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
 from alea_trl.envs import BUILTIN_ENVS, AleaEnv, make_env
+from alea_trl.envs.base import decimal_text, exact_decimal
 from alea_trl.questions import QTYPES, validate_action_rewards, validate_targets
 
 
@@ -111,3 +115,31 @@ def test_outcome_env_without_oracle_action_says_so():
 
     with pytest.raises(NotImplementedError, match="env 'no_oracle'.*oracle_action"):
         NoOracle().oracle_action()
+
+
+def _short(n: int, places: int) -> str:
+    """``n / 10**places`` written with integer arithmetic, trailing zeros dropped (an independent formatter)."""
+    whole, frac = divmod(n, 10**places)
+    frac_text = str(frac).rjust(places, "0").rstrip("0")
+    return f"{whole}.{frac_text}" if frac_text else str(whole)
+
+
+def test_accepted_decimals_are_printed_short_and_parse_back_to_the_same_float():
+    for n in range(0, 200_001, 7):  # 0 to 2000 in steps of 0.07, and fractions 0 to 20 as percentages
+        x = n / 100
+        assert exact_decimal("e", "f", x, 2) == x and exact_decimal("e", "f", x + 3e-10, 2) == x  # snapped
+        assert decimal_text(x, 2) == _short(n, 2) and float(Fraction(decimal_text(x, 2))) == x
+        f = n / 10_000
+        assert exact_decimal("e", "f", f, 2, percent=True) == f
+        assert decimal_text(f, 2, percent=True) == _short(n, 2) + "%"
+        assert float(Fraction(_short(n, 2)) / 100) == f
+    assert exact_decimal("e", "f", 0.1 + 0.2, 2) == 0.3 and decimal_text(exact_decimal("e", "f", -0.0, 2), 2) == "0"
+
+
+@pytest.mark.parametrize("value", [1 / 3, 0.125, 2.005, 1e-3, math.inf, math.nan, "x", None])
+def test_values_with_more_decimals_are_refused_naming_env_and_field(value):
+    with pytest.raises(ValueError, match=re.escape("env 'e': field 'f': must be a number with at most 2 decimals")):
+        exact_decimal("e", "f", value, 2)
+    if value not in (0.125, 2.005, 1e-3):  # 12.5%, 200.5% and 0.1% have at most 2 decimals as percentages
+        with pytest.raises(ValueError, match=re.escape("field 'f': must be a number with at most 2 decimals as a")):
+            exact_decimal("e", "f", value, 2, percent=True)

@@ -297,3 +297,47 @@ def test_long_history_is_shown_as_counts():
 def test_bad_arguments_raise(kwargs):
     with pytest.raises(ValueError, match="kelly"):
         KellyEnv(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"odds": (0.5, 1.25, 2.75, 10), "stakes": (0.0, 0.0125, 0.125, 0.3333, 0.9999), "bankroll": 123.45},
+        {"odds": 0.1 + 0.2, "stakes": [0.05 * i for i in range(11)], "prior": (3, 7), "bankroll": 0.01},
+    ],
+)
+def test_text_numbers_parse_back_to_the_floats_the_oracles_use(kwargs):
+    """Odds, stakes, prior and starting bankroll read from the text are the very floats the oracles compute with, in
+    short form ("2.75", "12.5%"): recomputing every oracle from the parsed numbers gives bit-identical results."""
+    for seed in range(40):
+        env = KellyEnv(**kwargs).reset(np.random.default_rng(seed))
+        bankroll = re.search(r"Bankroll: ([\d.]+)\.", env.observe().state).group(1)
+        assert float(Fraction(bankroll)) == env.initial_bankroll
+        while not env.done:
+            d = env.observe()
+            a, b, odds, heads, tails = _parse_state(d.state)
+            assert re.search(r"heads pays \d+(\.\d\d?)? to 1", d.state) and float(odds) == env.odds
+            assert (a, b) == (env.a, env.b)
+            assert all(re.fullmatch(r"\d+(\.\d\d?)?%", label) for label in d.act.options)
+            stakes = [float(Fraction(label[:-1]) / 100) for label in d.act.options]
+            assert stakes == list(env.stakes)
+            m = posterior_mean(a, b, heads, tails)
+            assert env.action_rewards() == expected_log_growth(m, np.array(stakes), float(odds)).tolist()
+            targets = env.oracle_targets()
+            assert (targets["p_heads"], targets["kelly"]) == (m, kelly_fraction(m, float(odds)))
+            np.testing.assert_array_equal(
+                targets[f"wins{env.n_future}"], beta_binomial_pmf(env.n_future, a + heads, b + tails)
+            )
+            env.step(int(np.random.default_rng(seed + len(env.flips)).integers(env.n_legal())))
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("odds", 1 / 3), ("odds", (1, 2.005)), ("odds", float("inf")), ("stakes", (0.0, 0.123456))]
+    + [("stakes", (0.0, 0.00001, 0.5)), ("bankroll", 100.001), ("bankroll", "lots")],
+)
+def test_values_the_text_cannot_state_exactly_are_refused(field, value):
+    rule = "at most 2 decimals" + (" as a percentage (0.125 is 12.5%)" if field == "stakes" else "")
+    with pytest.raises(ValueError, match=rf"env 'kelly': field '{field}': must be a number with {re.escape(rule)}"):
+        KellyEnv(**{field: value})

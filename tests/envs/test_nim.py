@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
+from fractions import Fraction
 from functools import cache
 
 import numpy as np
@@ -267,6 +269,40 @@ def test_score_bins_cover_every_nim_sum_and_bad_arguments_raise():
     ]:
         with pytest.raises(ValueError):
             NimEnv(**bad)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.05, 0.3, 0.1 + 0.2, 0.99, 1.0])
+def test_text_states_the_exact_epsilon_piles_and_moves(epsilon):
+    """ε, the piles and the moves read from the text are exactly what the opponent and the oracles use."""
+    n = 0
+    for env, d in decisions_of_random_episodes(40, seed=11, epsilon=epsilon):
+        text = re.search(r"With probability (\S+) your opponent", d.state).group(1)
+        assert re.fullmatch(r"[01]\.\d\d", text) and float(Fraction(text)) == env.epsilon
+        piles = [int(k) for k in re.findall(r"[A-Z] (\d+)", d.state.split("Piles: ")[1])]
+        assert piles == env.piles
+        options = [re.fullmatch(r"take (\d+) from pile ([A-Z])", o).groups() for o in d.act.options]
+        assert [(ord(x) - ord("A"), int(k)) for k, x in options] == legal_moves(env.piles)
+        np.testing.assert_array_equal(
+            opponent_move_probs(piles, float(Fraction(text))), opponent_move_probs(env.piles, env.epsilon)
+        )
+        n += 1
+    assert n > 100
+
+
+@pytest.mark.parametrize(
+    "epsilon,message",
+    [
+        (1 / 3, "must be a number with at most 2 decimals, got 0.333"),
+        (0.305, "must be a number with at most 2 decimals"),
+        (0.001, "must be a number with at most 2 decimals"),
+        (float("nan"), "must be a number with at most 2 decimals"),
+        (1.5, r"must be in \[0, 1\]"),
+        (-0.25, r"must be in \[0, 1\]"),
+    ],
+)
+def test_epsilon_the_text_cannot_state_is_refused(epsilon, message):
+    with pytest.raises(ValueError, match=rf"env 'nim': field 'epsilon': {message}"):
+        NimEnv(epsilon=epsilon)
 
 
 __all__ = []

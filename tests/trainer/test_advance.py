@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from alea_trl.envs import make_env
-from alea_trl.trainer.loss import group_advantages
+from alea_trl.trainer.advantages import group_advantages
 from alea_trl.trainer.pool import EpisodePool
 from alea_trl.trainer.rollout import Rollout
 

@@ -2,7 +2,8 @@
 
 import torch
 
-from alea_trl.trainer.loss import env_batch_std, exact_kl, group_advantages, policy_loss
+from alea_trl.trainer.advantages import env_batch_std, group_advantages
+from alea_trl.trainer.loss import exact_kl, policy_loss
 
 
 def test_policy_gradient_equals_group_baseline_reinforce_at_ratio_one():
@@ -14,12 +15,12 @@ def test_policy_gradient_equals_group_baseline_reinforce_at_ratio_one():
     rewards = torch.rand(n, generator=g)[actions]
     adv = group_advantages(rewards, "group")
     logp = logp_all[actions][None]  # (1, k)
-    loss, clipped = policy_loss(logp, logp.detach(), adv[None], torch.ones(1, k, dtype=torch.bool), 0.2, 0.2)
+    loss, stats = policy_loss(logp, logp.detach(), adv[None], torch.ones(1, k, dtype=torch.bool), 0.2, 0.2)
     loss.backward()
     p = logp_all.exp().detach()
     by_hand = -sum(adv[j] * (torch.nn.functional.one_hot(actions[j], n).float() - p) for j in range(k)) / k
     torch.testing.assert_close(z.grad, by_hand)
-    assert clipped == 0
+    assert stats.clip_ratio == 0 and stats.approx_kl == 0
     # the baseline: advantages are centred and scaled within the group
     torch.testing.assert_close(adv.mean(), torch.tensor(0.0), atol=1e-6, rtol=0)
     torch.testing.assert_close(adv, (rewards - rewards.mean()) / (rewards.std() + 1e-4))
@@ -31,12 +32,12 @@ def test_clipping_engages_outside_the_trust_region():
     # ratios 1.5 (adv +), 0.5 (adv -), 1.1 (adv +), 0.5 (adv +)
     logp = torch.log(torch.tensor([[1.5, 0.5, 1.1, 0.5]])).requires_grad_(True)
     adv = torch.tensor([[1.0, -1.0, 1.0, 1.0]])
-    loss, clipped = policy_loss(logp, old, adv, torch.ones(1, 4, dtype=torch.bool), eps_low, eps_high)
+    loss, stats = policy_loss(logp, old, adv, torch.ones(1, 4, dtype=torch.bool), eps_low, eps_high)
     loss.backward()
     grad = logp.grad[0]
     assert grad[0] == 0 and grad[1] == 0  # clipped: above 1 + eps_high with A > 0, below 1 - eps_low with A < 0
     assert grad[2] != 0 and grad[3] != 0  # inside the region, or clipping would not lower the objective
-    assert clipped == 0.5
+    assert stats.clip_ratio == 0.5
     torch.testing.assert_close(grad[2], torch.tensor(-1.1 / 4))  # d(-A r)/dlogp = -A r / count
 
 
@@ -46,6 +47,56 @@ def test_masked_samples_do_not_count():
     loss.backward()
     assert logp.grad[0, 1] == 0
     torch.testing.assert_close(loss, torch.tensor(-2.0))
+
+
+def test_dense_and_outcome_samples_are_averaged_separately():
+    """The outcome envs' share of the policy gradient does not depend on k or on how many dense rows share the
+    batch: each kind's samples are averaged on their own and the means added (the outcome one weighted)."""
+    g = torch.Generator().manual_seed(0)
+
+    def outcome_grad(n_dense: int, k: int, weight: float) -> torch.Tensor:
+        logp = torch.log(torch.full((n_dense + 1, k), 0.5)).requires_grad_(True)
+        adv = torch.randn(n_dense + 1, k, generator=g)
+        adv[-1] = torch.tensor([1.5] + [0.0] * (k - 1))
+        mask = torch.ones(n_dense + 1, k, dtype=torch.bool)
+        mask[-1, 1:] = False  # the outcome row: one replayed action
+        outcome = torch.tensor([False] * n_dense + [True])
+        loss, stats = policy_loss(logp, logp.detach(), adv, mask, 0.2, 0.2, outcome_rows=outcome, outcome_weight=weight)
+        loss.backward()
+        assert stats.n_outcome == 1
+        return logp.grad[-1, 0]
+
+    base = outcome_grad(3, 4, 1.0)
+    torch.testing.assert_close(base, torch.tensor(-1.5))  # the outcome mean of one sample, weight 1
+    torch.testing.assert_close(outcome_grad(12, 16, 1.0), base)  # more dense rows, larger k: the same share
+    torch.testing.assert_close(outcome_grad(3, 4, 0.25), 0.25 * base)
+
+
+def test_delta_bounds_the_loss_of_a_negative_advantage_with_a_large_ratio():
+    """TRL's two-sided clip: with A < 0 the unclipped term -A r grows with r; ``delta`` caps r there."""
+    old = torch.zeros(1, 2)
+    logp = torch.log(torch.tensor([[5.0, 5.0]])).requires_grad_(True)  # ratio 5, a stale replay
+    adv = torch.tensor([[-1.0, 1.0]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    unbounded, _ = policy_loss(logp, old, adv, mask, 0.2, 0.2)
+    bounded, _ = policy_loss(logp, old, adv, mask, 0.2, 0.2, delta=2.0)
+    torch.testing.assert_close(unbounded, torch.tensor((5.0 - 1.2) / 2))  # -A r for A < 0, clipped 1.2 for A > 0
+    torch.testing.assert_close(bounded, torch.tensor((2.0 - 1.2) / 2))
+    bounded.backward()
+    assert logp.grad[0, 0] == 0  # capped: no gradient pushing the ratio further
+
+
+def test_approx_kl_matches_the_exact_kl_of_a_small_change():
+    """``approx_kl`` averages (r - 1) - log r over the samples, an unbiased estimate of KL(old || new) when the
+    samples are drawn from the old policy."""
+    g = torch.Generator().manual_seed(1)
+    old_p = torch.softmax(torch.randn(5, generator=g), -1)
+    new_p = torch.softmax(torch.log(old_p) + 0.1 * torch.randn(5, generator=g), -1)
+    actions = torch.multinomial(old_p, 200_000, replacement=True, generator=g)[None]
+    logp, old = torch.log(new_p)[actions], torch.log(old_p)[actions]
+    _, stats = policy_loss(logp, old, torch.zeros_like(logp), torch.ones_like(logp, dtype=torch.bool), 0.2, 0.2)
+    exact = (old_p * (torch.log(old_p) - torch.log(new_p))).sum()
+    torch.testing.assert_close(stats.approx_kl, exact, rtol=0.05, atol=1e-5)
 
 
 def test_all_equal_rewards_give_zero_advantage():

@@ -21,13 +21,13 @@ def _train(tiny_model, tokenizer, make_args, prefetch):
     args = make_args(envs=["named_best", "three_in_a_row"], max_steps=6, beta=0.05, prefetch_observations=prefetch)
     trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES)
     threads = []
-    prepare = trainer.rollout.observer._prepare
+    prepare = trainer.rollout.observer.prepare
 
     def spy(env, name):
         threads.append(threading.current_thread() is threading.main_thread())
         return prepare(env, name)
 
-    trainer.rollout.observer._prepare = spy
+    trainer.rollout.observer.prepare = spy
     trainer.train()
     return trainer, {n: p.detach().clone() for n, p in model.named_parameters()}, threads
 
