@@ -178,6 +178,8 @@ TRAINING_HPARAMS = [
     ("mix", str, "hmm=9,kelly=2,bandit=2,nim=2", "training copies per env, e.g. hmm=3,bandit=0 (evaluation: all)"),
     ("dense_advance", str, "best_of_k", "best_of_k or sample"),
     ("num_iterations", int, 1, "optimizer steps per rollout batch"),
+    ("outcome_advantage", str, "branch", "outcome decisions: branch (env copies), rtg (reward-to-go) or episode"),
+    ("branch_limit", int, 8, "most outcome decisions branched per batch (outcome_advantage branch)"),
 ]
 MODEL_HPARAMS = [
     ("layers", int, 4, "backbone decoder layers"),
@@ -241,6 +243,8 @@ def train_one(args, seed: int) -> tuple[list, dict, list, list]:
         envs=list(copies),
         **optimisation(args),
         dense_advance=args.dense_advance,
+        outcome_advantage=args.outcome_advantage,
+        branch_limit=args.branch_limit,
         num_iterations=args.num_iterations,
         beta=args.beta,
         temperature=args.temperature,

@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 import torch
 
+from .sampling import sampling_probs
+
 
 def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.log_softmax(logits.detach().float().cpu() / temperature, -1)
@@ -39,6 +41,8 @@ def branch_values(
     temperature: float,
     limit: int,
     not_copyable: set[str],
+    filters: tuple[int, float, float | None] = (0, 1.0, None),
+    reward_weight: float = 1.0,
 ) -> tuple[list[list[float] | None], int]:
     """Branch returns of the sampled actions of outcome decisions.
 
@@ -52,6 +56,9 @@ def branch_values(
         temperature (`float`): the sampling temperature.
         limit (`int`): most decisions branched in this call.
         not_copyable (`set[str]`): env names whose envs failed to copy (updated; each warns once).
+        filters (`tuple`, defaults to `(0, 1.0, None)`): ``(top_k, top_p, min_p)`` of the continuation draws (see
+            :func:`~alea_trl.trainer.sampling.filter_action_logits`).
+        reward_weight (`float`, defaults to `1.0`): multiplies every reward of a branch (``reward_weights``).
 
     Returns:
         `(list[list[float] | None], int)`: per decision its k branch returns, or ``None`` where it was not branched;
@@ -91,7 +98,7 @@ def branch_values(
             except Exception:
                 failed.add(i)
                 continue
-            values[i][j] += reward
+            values[i][j] += reward * reward_weight
             if not done:
                 live.append((i, j, env))
         prepared = []  # (packed decision, branch)
@@ -107,7 +114,7 @@ def branch_values(
         packed, kept = [p for p, _ in prepared], [branch for _, branch in prepared]
         logp = _log_probs(continuation_logits(packed), temperature)  # (M, A)
         answered += len(kept)
-        drawn = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0].tolist()
+        drawn = torch.multinomial(sampling_probs(logp, *filters), 1, generator=generator)[:, 0].tolist()
         pending = [(i, j, env, a) for (i, j, env), a in zip(kept, drawn)]
     for i in failed:
         values[i] = None

@@ -87,7 +87,7 @@ class AleaEnvGRPOConfig(GRPOConfig):
             the first sample (`"sample"`, on-policy). With `"best_of_k"` the episode visits the states the best of k
             reaches, and every decision trains on those states; `env/<name>/return` then logs the policy's expected
             return at them and `env/<name>/return_best_of_k` the realised return.
-        outcome_advantage (`str`, *optional*, defaults to `"rtg"`):
+        outcome_advantage (`str`, *optional*, defaults to `"branch"`):
             How an outcome decision's sampled action is valued: `"rtg"`, its reward-to-go (this and every later
             reward of the episode) against that env's recent rewards-to-go at the same step of an episode; `"branch"`,
             Monte Carlo branching: each of its k samples is tried in a deep copy of the env and the current policy
@@ -134,6 +134,15 @@ class AleaEnvGRPOConfig(GRPOConfig):
             New models only: add a zero-initialised hashed bigram embedding.
         use_trigram (`bool`, *optional*, defaults to `False`):
             New models only: add a zero-initialised hashed trigram embedding.
+
+    > GRPOConfig fields with other defaults
+
+    Parameters:
+        loss_type (`str`, *optional*, defaults to `"grpo"`):
+            As in GRPOConfig, over sampled actions (docs/config_fields.md). With one action per "completion", grpo,
+            bnpo and luspo are the same loss: the mean over the real samples of a micro-batch (per kind, see
+            `outcome_loss_weight`), the seed's. GRPOConfig's default, `"dapo"`, normalises by the samples of all
+            processes instead.
 
     > Distributed data parallel (TrainingArguments fields with other defaults)
 
@@ -182,7 +191,7 @@ class AleaEnvGRPOConfig(GRPOConfig):
         metadata={"help": "How dense episodes advance: 'best_of_k' (the seed's) or 'sample' (on-policy)."},
     )
     outcome_advantage: str = field(
-        default="rtg",
+        default="branch",
         metadata={"help": "Outcome decisions' advantage: 'rtg' (reward-to-go), 'branch' (env copies) or 'episode'."},
     )
     branch_limit: int = field(default=8, metadata={"help": "Most outcome decisions branched per batch of decisions."})
@@ -211,6 +220,10 @@ class AleaEnvGRPOConfig(GRPOConfig):
     # GRPOConfig fields whose defaults differ for decision training (the seed's values)
     learning_rate: float = field(default=5e-6, metadata={"help": "Learning rate of the backbone."})
     beta: float = field(default=0.05, metadata={"help": "Weight of the exact KL to the reference policy."})
+    loss_type: str = field(
+        default="grpo",
+        metadata={"help": "Policy-loss formulation; 'grpo' (= 'bnpo' = 'luspo' here): the mean over sampled actions."},
+    )
     num_generations: int | None = field(default=8, metadata={"help": "k: actions sampled per dense decision."})
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Decisions per loss forward."})
     logging_steps: float = field(default=10, metadata={"help": "Log every this many optimizer steps."})

@@ -4,9 +4,12 @@ The TRL and transformers internals it relies on (trl pinned to a minor version i
 ``GRPOTrainer.__init__`` (behind ``trl_init``'s guards); the hooks ``_generate_and_score_completions`` and
 ``_compute_loss`` (overridden); ``_prepare_inputs``' buffering of a generation batch across gradient accumulation
 and ``num_iterations`` (every loss input is a tensor or list of one row per decision); the attributes ``_metrics``
-(averaged by ``GRPOTrainer.log``), ``_tokenizer``, ``_dist.is_zero3``, ``beta``, ``epsilon_low`` / ``epsilon_high``,
-``num_iterations``; ``Trainer._get_train_sampler``, ``_clip_grad_norm``, ``_track_num_input_tokens``, and (in
-``checkpointing``) ``_save_checkpoint``, ``_load_rng_state``, ``_get_output_dir``, ``_step``, ``_buffered_inputs``.
+(averaged by ``GRPOTrainer.log``), ``_logs`` (its completion table), the entropy controller's ``entropy_coef``,
+``use_adaptive_entropy``, ``_entropy_bonus_enabled``, ``_last_world_entropy``, ``_entropy_window_stats``, and
+``_tokenizer``, ``_dist.is_zero3``, ``beta``, ``epsilon_low`` / ``epsilon_high``, ``num_iterations``;
+``GRPOTrainer.get_gamma_weights`` / ``get_off_policy_mask`` and ``SyncRefModelCallback``;
+``Trainer._get_train_sampler``, ``_clip_grad_norm``, ``_track_num_input_tokens``, and (in ``checkpointing``)
+``_save_checkpoint``, ``_load_rng_state``, ``_get_output_dir``, ``_step``, ``_buffered_inputs``.
 """
 
 from __future__ import annotations
@@ -21,13 +24,16 @@ from torch.utils.data import SequentialSampler
 from transformers import AutoTokenizer, set_seed
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
+from trl.trainer.callbacks import SyncRefModelCallback
 
 from ..collate import pad_token_id
 from ..envs import env_factories as make_env_factories
-from ..evaluation import evaluation_sums, table_from_means
 from .checkpointing import COMPLETE_MARKER, POOL_STATE_NAME, CrashSafeCheckpoints, last_complete_checkpoint
+from .completions_log import CompletionsLog
 from .config import AleaEnvGRPOConfig
+from .entropy import EntropyControl
 from .forward import PolicyForward, act_rows
+from .greedy_evaluation import GreedyEvaluation
 from .loss import grpo_loss
 from .loss_inputs import rows_to_inputs, sampled_forward_inputs
 from .metrics import gathered_means, loss_sums, rollout_sums, staleness_sums, stop_if_not_finite, token_sums
@@ -38,13 +44,14 @@ from .model_setup import (
     lora_config,
     resolve_model,
 )
+from .policy_loss import Collectives, PolicyObjective
 from .pool import EpisodePool, np_rng_for_rank
 from .reference import reference_policy
 from .rollout import Rollout
-from .trl_init import grpo_init_guards, rewards_come_from_envs, undo_fused_lm_head
+from .trl_init import check_router_aux_loss, grpo_init_guards, rewards_come_from_envs, undo_fused_lm_head
 
 
-class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
+class AleaEnvGRPOTrainer(CrashSafeCheckpoints, EntropyControl, CompletionsLog, GreedyEvaluation, GRPOTrainer):
     """GRPO over decision points of environments, without text generation.
 
     What differs from [`~trl.GRPOTrainer`]:
@@ -55,8 +62,9 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
       from one packed no-grad forward per wave of decisions;
     - advantages: dense decisions use the exact expected rewards of their k actions (group-normalised); outcome
       decisions are replayed when their episode ends, with the per-env normalised return;
-    - the loss is the clipped-ratio policy loss + ``beta`` x exact KL over the legal actions + ``report_w`` x
-      proper-scoring report losses against the env oracles;
+    - the loss is the policy loss over sampled actions (TRL's ``loss_type``, off-policy and high-entropy masks and
+      entropy bonus, read over actions) + ``beta`` x exact KL over the legal actions + ``report_w`` x proper-scoring
+      report losses against the env oracles;
     - checkpoints also carry the episode pool, so ``resume_from_checkpoint`` continues the same episodes;
     - ``evaluate()`` plays ``eval_episodes`` greedy episodes per env and logs return, normalised score and report
       losses.
@@ -97,10 +105,16 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
             raise ValueError(f"AleaEnvGRPOTrainer: field 'args': needs an AleaEnvGRPOConfig, got {type(args)}")
         factories = make_env_factories(args.envs, args.env_kwargs, extra=env_factories)
         set_seed(args.seed)
-        model = resolve_model(model, args)
+        from_path, model = isinstance(model, str), resolve_model(model, args)
+        check_router_aux_loss(model, args)
         taus = list(model.config.taus)
-        if processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path or model.name_or_path)
+        if processing_class is None:  # as TRL loads it: the model's revision and trust_remote_code
+            init_kwargs = args.model_init_kwargs or {}
+            processing_class = AutoTokenizer.from_pretrained(
+                model.config._name_or_path or model.name_or_path,
+                revision=init_kwargs.get("revision") if from_path else None,
+                trust_remote_code=init_kwargs.get("trust_remote_code", args.trust_remote_code),
+            )
         if args.train_mode == "lora":
             peft_config = lora_config(model, args, base=peft_config)
         elif peft_config is not None:
@@ -125,11 +139,15 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
         undo_fused_lm_head(self.accelerator.unwrap_model(self.model))
         self.beta = args.beta  # GRPOTrainer.__init__ saw the guard's beta of 0
         self._taus = taus
+        self._objective, self._collectives = PolicyObjective.from_args(args), Collectives.of(self.accelerator)
+        self._reset_completion_logs()
         unwrapped, sharded = (
             self.accelerator.unwrap_model(self.model),
             (self.is_deepspeed_enabled, self.is_fsdp_enabled),
         )
         self.ref_model, shared = reference_policy(unwrapped, self.accelerator, args, *sharded)
+        if args.sync_ref_model:  # TR-DPO, as GRPOTrainer adds it (its __init__ saw sync_ref_model off: trl_init)
+            self.add_callback(SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator))
         forward_args = (args.pack_rows, args.max_batch_tokens, self.ref_model, shared)
         self.policy_forward = PolicyForward(self.accelerator.device, pad_token_id(self._tokenizer), *forward_args)
 
@@ -204,7 +222,9 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
             rows = self.rollout.collect(n_rows, logits_fn)
             policy.train(was_training)
         self._log_rollout_stats(mode, n_rows)
-        return rows_to_inputs(rows, self.args.num_generations)
+        inputs = rows_to_inputs(rows, self.args.num_generations)
+        self._log_completions(inputs)
+        return inputs
 
     def gathered_means(self, sums: dict[str, tuple[float, float]]) -> dict[str, float]:
         """Global means of per-process ``(sum, count)`` pairs (see :func:`~alea_trl.trainer.metrics.gathered_means`);
@@ -252,6 +272,7 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
         rollout.step = self.state.global_step
         rows = rollout.advance(wave, act, ref)
         inputs = sampled_forward_inputs(replay, wave, rows, self.args.num_generations, rollout.env_index)
+        self._log_completions(inputs)
         self._log_rollout_stats("train", len(batch.questions))
         loss = self._loss(output, batch, inputs, padded_tokens)
         rollout.prefetch(wave.episodes)  # their next decisions, observed while the backward pass runs
@@ -260,6 +281,7 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
     def _loss(self, output, batch, inputs, padded_tokens: int):
         """:func:`~alea_trl.trainer.loss.grpo_loss` of one forward's outputs; logs its terms and the forward's
         tokens, and stops on a non-finite term before the backward pass."""
+        mode = "train" if self.model.training else "eval"
         loss, terms = grpo_loss(
             output,
             batch,
@@ -272,7 +294,11 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
             taus=self._taus,
             delta=self.args.delta,
             outcome_weight=self.args.outcome_loss_weight,
+            objective=self._objective,
+            entropy_coef=self._entropy_coef_now(),
+            collectives=self._collectives,
         )
+        self._track_entropy(terms.entropy_bonus, mode)
         # KL metrics count the rows whose KL trained here (host tensors: no device sync)
         env_index = torch.where(inputs["kl_report_mask"] > 0, inputs["env_index"], -1)
         sums = loss_sums(terms, env_index, self.rollout.pool.env_names)
@@ -280,7 +306,6 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
         count_padded = self.args.include_num_input_tokens_seen == "all"
         sums |= token_sums(inputs["packed"], padded_tokens, count_padded)
         sums |= staleness_sums(inputs, self.state.global_step)
-        mode = "train" if self.model.training else "eval"
         # as TRL's GRPOTrainer does: the running total of all processes' tokens, logged as ``num_tokens``
         means = self._log_metrics(mode, sums)
         self._metrics[mode].pop("tokens/counted")
@@ -314,49 +339,6 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, GRPOTrainer):
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
         if self.is_world_process_zero():
             append_evaluation(self.args.output_dir, getattr(self, "last_eval_table", None))
-
-    # ------------------------------------------------------------------------------------------------ evaluation
-    def evaluate(
-        self,
-        eval_dataset=None,
-        ignore_keys=None,
-        metric_key_prefix: str = "eval",
-        *,
-        episodes: int | dict[str, int] | None = None,
-        seed: int | None = None,
-    ) -> dict[str, float]:
-        """Play greedy episodes of every env (split across processes) and log per env the return, the oracle and random
-        returns, the normalised score (and dense envs' expected score and regret) and per-qtype report losses and
-        skills (see :func:`~alea_trl.evaluation.evaluation_sums`); the table is kept as ``last_eval_table``.
-
-        Args:
-            metric_key_prefix (`str`, defaults to `"eval"`): prefix of the logged keys (``eval_<env>/<figure>``).
-            episodes (`int` or `dict[str, int]`, *optional*): episodes per env, one count for all or one per env
-                (default ``args.eval_episodes``).
-            seed (`int`, *optional*): seed of the evaluation episodes (default ``args.seed + 1``).
-        """
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        was_training = unwrapped.training
-        unwrapped.eval()
-        sums = evaluation_sums(
-            unwrapped,
-            self._tokenizer,
-            self.env_factories,
-            episodes=self.args.eval_episodes if episodes is None else episodes,
-            seed=self.args.seed + 1 if seed is None else seed,
-            max_len=self.args.max_len,
-            batch_size=self.args.max_batch,
-            shard=(self.accelerator.process_index, self.accelerator.num_processes),
-        )
-        table = {env: {} for env in self.env_factories} | table_from_means(self.gathered_means(sums))
-        self.last_eval_table = table
-        metrics = {  # undefined figures (NaN: an env whose oracle ties random, a zero baseline) are not logged
-            f"{metric_key_prefix}_{env}/{k}": v for env, row in table.items() for k, v in row.items() if v == v
-        }
-        self.log(metrics)
-        unwrapped.train(was_training)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
-        return metrics
 
 
 __all__ = ["COMPLETE_MARKER", "POOL_STATE_NAME", "AleaEnvGRPOTrainer", "last_complete_checkpoint"]

@@ -3,12 +3,13 @@ the legal options, and the proper-scoring report losses (the advantages it weigh
 tensor functions, tested on hand-built tensors; the trainers and the benchmarks' unpacked loop call the same ones.
 
 Design decisions:
-1. The dense envs' samples and the outcome envs' samples are averaged separately (see :func:`policy_loss`).
+1. The dense envs' samples and the outcome envs' samples are normalised separately (see
+   :func:`~alea_trl.trainer.policy_loss.policy_loss`).
 2. One decision row holds up to k sampled actions (dense) or one replayed action (outcome); ``sample_mask`` marks the
-   real ones. The policy loss is the mean over real samples of ``max(-A r, -A clip(r, 1-eps_low, 1+eps_high))`` with
-   ``r = exp(logp - old_logp)`` (PPO/GRPO, Schulman et al. 2017; Shao et al. 2024).
-3. With one action per sample, TRL's loss types (grpo, dapo, dr_grpo, bnpo) coincide up to a constant; the mean over
-   samples is used.
+   real ones. The default policy loss (``loss_type="grpo"``) is the mean over real samples of ``max(-A r, -A clip(r,
+   1-eps_low, 1+eps_high))`` with ``r = exp(logp - old_logp)`` (PPO/GRPO, Schulman et al. 2017; Shao et al. 2024).
+3. The other ``loss_type`` terms and normalisations, the off-policy mask, the high-entropy mask and the entropy bonus
+   are TRL's, read over sampled actions (``policy_loss``, ``entropy``).
 4. The KL is exact, ``sum_a p(a) (log p(a) - log p_ref(a))`` over the legal actions, not a sampled estimator; it is a
    mean over the rows whose KL trains in this forward (``kl_report_mask``).
 5. Report losses are computed per question with the strictly proper rule of its qtype against the oracle target.
@@ -29,79 +30,11 @@ import torch.nn.functional as F
 from ..collate import PackedBatch
 from ..losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
 from ..questions import ACT_QID, QTYPES
+from .entropy import act_entropy, high_entropy_samples
+from .policy_loss import Collectives, PolicyObjective, PolicyStats, policy_loss
 
 
 # ---------------------------------------------------------------------------------------------------------- terms
-@dataclass
-class PolicyStats:
-    """Diagnostics of the policy loss (no gradient).
-
-    Attributes:
-        clip_ratio (`torch.Tensor`): share of real samples whose gradient the clip removed.
-        clip_ratio_outcome (`torch.Tensor`): the same over the outcome envs' samples (0 when there is none).
-        approx_kl (`torch.Tensor`): ``mean((r - 1) - log r)`` over real samples, an estimate of KL(old || new)
-            (Schulman, "Approximating KL divergence", 2020).
-        n_outcome (`float`): outcome samples in the batch.
-    """
-
-    clip_ratio: torch.Tensor
-    clip_ratio_outcome: torch.Tensor
-    approx_kl: torch.Tensor
-    n_outcome: float
-
-
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    sample_mask: torch.Tensor,
-    epsilon_low: float,
-    epsilon_high: float,
-    delta: float | None = None,
-    outcome_rows: torch.Tensor | None = None,
-    outcome_weight: float = 1.0,
-) -> tuple[torch.Tensor, PolicyStats]:
-    """Clipped-ratio policy loss, with the dense envs' and the outcome envs' samples averaged separately.
-
-    A dense decision carries k samples and an outcome decision one (or k when branched), so one mean over all samples
-    would give the outcome envs a share that depends on k and on the batch mix. Each kind's samples are averaged on
-    their own and the two means added, the outcome mean weighted by ``outcome_weight``: a kind's gradient scale does
-    not depend on whether the other kind is in the batch.
-
-    Args:
-        logp, old_logp, advantages (`torch.Tensor` of shape `(N, k)`): current and behaviour log-probs of the sampled
-            actions, and their advantages.
-        sample_mask (`torch.Tensor` of shape `(N, k)`): which samples are real.
-        epsilon_low, epsilon_high (`float`): the ratio clip range.
-        delta (`float`, *optional*): TRL's two-sided clip: the unclipped ratio is capped at ``delta``, which bounds the
-            loss of a sample with a negative advantage whose ratio grew large (a stale replay).
-        outcome_rows (`torch.Tensor` of shape `(N,)`, *optional*): which rows belong to outcome envs (default: none).
-        outcome_weight (`float`): weight of the outcome envs' mean.
-    """
-    ratio = torch.exp(logp - old_logp)  # (N, k)
-    capped = ratio if delta is None else torch.clamp(ratio, max=delta)
-    pg_loss1 = -advantages * capped
-    pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
-    pg_loss = torch.max(pg_loss1, pg_loss2)  # (N, k)
-    outcome = torch.zeros_like(sample_mask) if outcome_rows is None else outcome_rows[:, None].expand_as(sample_mask)
-    loss = pg_loss.new_zeros(())
-    for kind, weight in ((sample_mask & ~outcome, 1.0), (sample_mask & outcome, outcome_weight)):
-        if outcome_rows is None or kind.any():
-            mask = kind.float()
-            loss = loss + weight * (pg_loss * mask).sum() / mask.sum().clamp(min=1.0)
-    with torch.no_grad():
-        clipped = (pg_loss2 > pg_loss1) & sample_mask
-        n_real, n_outcome = sample_mask.sum().clamp(min=1), (sample_mask & outcome).sum()
-        log_ratio = (logp - old_logp).masked_fill(~sample_mask, 0.0)
-        stats = PolicyStats(
-            clip_ratio=clipped.float().sum() / n_real,
-            clip_ratio_outcome=(clipped & outcome).float().sum() / n_outcome.clamp(min=1),
-            approx_kl=((log_ratio.exp() - 1) - log_ratio).sum() / n_real,
-            n_outcome=float(n_outcome),
-        )
-    return loss, stats
-
-
 def exact_kl(logp: torch.Tensor, ref_logp: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
     """``sum_a p(a) (log p(a) - log p_ref(a))`` over the legal actions of each row.
 
@@ -184,6 +117,8 @@ class LossTerms:
         has_reports (`bool`): whether any report question had a target.
         policy_stats (`PolicyStats`): the clip ratios and the approximate KL to the behaviour policy.
         reports (`dict[str, list[torch.Tensor]]`): per qtype, the per-question report losses.
+        entropy_bonus (`tuple[torch.Tensor, torch.Tensor]`, *optional*): with an entropy bonus, the sum of the
+            entropies it averaged and their number of decisions (no gradient; the adaptive controller's input).
     """
 
     policy: torch.Tensor
@@ -192,6 +127,7 @@ class LossTerms:
     has_reports: bool
     policy_stats: PolicyStats
     reports: dict[str, list[torch.Tensor]]
+    entropy_bonus: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def _fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -212,8 +148,12 @@ def grpo_loss(
     taus: Sequence[float],
     delta: float | None = None,
     outcome_weight: float = 1.0,
+    objective: PolicyObjective | None = None,
+    entropy_coef: float | None = None,
+    collectives: Collectives | None = None,
 ) -> tuple[torch.Tensor, LossTerms]:
-    """The whole objective of one forward: clipped policy loss + ``beta`` x exact KL + ``report_w`` x report loss.
+    """The whole objective of one forward: policy loss (- ``entropy_coef`` x the act entropy) + ``beta`` x exact KL +
+    ``report_w`` x report loss.
 
     Args:
         output (`AleaOutput`): the model's outputs for ``batch`` (with autograd).
@@ -228,6 +168,12 @@ def grpo_loss(
         taus (`Sequence[float]`): the regress head's quantile levels.
         delta (`float`, *optional*), outcome_weight (`float`): see :func:`policy_loss` (the rows of outcome envs are
             ``inputs["outcome_rows"]``).
+        objective (`PolicyObjective`, *optional*): ``loss_type`` and its settings, the off-policy mask threshold and
+            ``top_entropy_quantile`` (default: ``"grpo"``, no mask).
+        entropy_coef (`float`, *optional*): weight of the entropy bonus, the mean act entropy of the decisions whose
+            actions train here (and pass the high-entropy mask); ``None``: no bonus.
+        collectives (`Collectives`, *optional*): cross-process operations (global sample counts, the entropy
+            quantile); every process must call this function once per micro-batch. Default: one process.
 
     Returns:
         `(torch.Tensor, LossTerms)`: the loss and its parts.
@@ -238,10 +184,20 @@ def grpo_loss(
     logp = logp_all.gather(1, inputs["actions"].to(device))  # (N, k)
     old_logp, advantages = inputs["old_logps"].to(device), inputs["advantages"].to(device)
     sample_mask, outcome_rows = inputs["sample_mask"].to(device), inputs["outcome_rows"].to(device)
+    objective, collectives = objective or PolicyObjective(), collectives or Collectives()
+    entropy = act_entropy(logp_all, legal) if entropy_coef is not None or objective.top_entropy_quantile < 1 else None
+    keep = None
+    if objective.top_entropy_quantile < 1.0:
+        keep = high_entropy_samples(entropy, sample_mask, objective.top_entropy_quantile, collectives.gather)
     pg_loss, stats = policy_loss(
-        logp, old_logp, advantages, sample_mask, epsilon_low, epsilon_high, delta, outcome_rows, outcome_weight
-    )
-    loss = pg_loss
+        logp, old_logp, advantages, sample_mask, epsilon_low, epsilon_high, delta, outcome_rows, outcome_weight,
+        objective=objective, keep=keep, collectives=collectives,
+    )  # fmt: skip
+    loss, bonus = pg_loss, None
+    if entropy_coef is not None:
+        rows = (sample_mask if keep is None else keep).any(-1).float()  # decisions whose actions train here
+        bonus = ((entropy.detach() * rows).sum(), rows.sum())
+        loss = loss - entropy_coef * (entropy * rows).sum() / rows.sum().clamp(min=1.0)
     kl_report_mask = inputs["kl_report_mask"].to(device)  # (N,): rows whose KL and reports train here
     kl = torch.zeros(len(inputs["packed"]), device=device)  # (N,)
     if beta != 0.0:
@@ -255,7 +211,7 @@ def grpo_loss(
     touch = output.option_logits.sum() + output.noul_logits.sum() + output.quantiles.sum()
     touch = touch + output.score_logits.masked_fill(~torch.isfinite(output.score_logits), 0.0).sum()
     loss = loss + 0.0 * touch
-    return loss, LossTerms(pg_loss, kl, report_loss, has_reports, stats, reports)
+    return loss, LossTerms(pg_loss, kl, report_loss, has_reports, stats, reports, bonus)
 
 
 def supervised_loss(

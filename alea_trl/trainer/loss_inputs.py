@@ -37,6 +37,9 @@ class DecisionRow:
     step: int = 0  # the optimizer step at which its actions were sampled
     ready: bool = True  # its advantages were known when it was made (dense, or outcome valued by branching)
     t: int = 0  # outcome rows valued at the episode's end: the decision's index in its episode
+    # what each action's advantage was computed from: its expected reward (dense), its branch return, its
+    # return-to-go or the episode's return (outcome); None until known (and in rows of older checkpoints)
+    values: list[float] | None = None
 
 
 def rows_to_inputs(
@@ -55,9 +58,11 @@ def rows_to_inputs(
             (default: all).
 
     Returns:
-        `dict`: ``actions``, ``sample_mask``, ``advantages``, ``old_logps`` `(N, k)`; ``kl_report_mask`` `(N,)`
-        (float); ``env_index``, ``outcome_rows`` (rows of outcome envs), ``sampled_at_step`` `(N,)`; ``ref_logps`` `(N, A)` (the reference's log-probs over each row's legal
-        actions, zero-padded; zero for rows without them); ``packed`` and ``targets`` (lists).
+        `dict`: ``actions``, ``sample_mask``, ``advantages``, ``old_logps``, ``values`` (what each advantage was
+        computed from, see `DecisionRow`) `(N, k)`; ``kl_report_mask`` `(N,)` (float); ``env_index``,
+        ``outcome_rows`` (rows of outcome envs), ``sampled_at_step`` `(N,)`; ``ref_logps`` `(N, A)` (the reference's
+        log-probs over each row's legal actions, zero-padded; zero for rows without them); ``packed`` and
+        ``targets`` (lists).
     """
     n = len(rows)
     trains_action = [True] * n if trains_action is None else trains_action
@@ -66,6 +71,7 @@ def rows_to_inputs(
     mask = torch.zeros(n, k, dtype=torch.bool)
     adv = torch.zeros(n, k)
     old = torch.zeros(n, k)
+    values = torch.zeros(n, k)
     for i, row in enumerate(rows):
         if not trains_action[i]:
             continue
@@ -76,6 +82,7 @@ def rows_to_inputs(
         mask[i, :m] = True
         adv[i, :m] = torch.tensor(row.advantages, dtype=torch.float32)
         old[i, :m] = torch.tensor(row.old_logps, dtype=torch.float32)
+        values[i, :m] = torch.tensor(row.values if row.values is not None else row.advantages, dtype=torch.float32)
     refs = [
         row.ref_logps if use and row.ref_logps is not None else None for row, use in zip(rows, trains_kl_and_reports)
     ]
@@ -88,6 +95,7 @@ def rows_to_inputs(
         "sample_mask": mask,
         "advantages": adv,
         "old_logps": old,
+        "values": values,
         "kl_report_mask": torch.tensor(trains_kl_and_reports, dtype=torch.float32),
         "env_index": torch.tensor([row.env_index for row in rows], dtype=torch.long),
         "outcome_rows": torch.tensor([row.outcome for row in rows], dtype=torch.bool),

@@ -2,8 +2,11 @@
 
 Design decisions:
 1. A wave takes decisions from the pool (fair across envs; observed by an :class:`Observer`); ``advance`` samples
-   their actions from the act head's logits at ``temperature`` with the rollout's own ``torch.Generator``
-   (checkpointed with the pool) and steps the envs. The logits come either from the loss forward itself (the
+   their actions from the act head's logits at ``temperature`` (restricted by ``top_k`` / ``top_p`` / ``min_p``, see
+   :mod:`~alea_trl.trainer.sampling`; the stored log-probs are the unfiltered policy's, as TRL's) with the rollout's
+   own ``torch.Generator`` (checkpointed with the pool) and steps the envs. Every reward an env reports (dense
+   expected rewards, step rewards) is multiplied by ``reward_weights[0]`` when set, so advantages, returns and
+   regrets of the rollout are in weighted units. The logits come either from the loss forward itself (the
    trainer's ``sample_in_loss_forward``) or from a separate no-grad forward (``run_wave``: up to ``max_batch``
    decisions).
 2. Dense decisions: k actions from one set of act logits; their exact expected rewards give the group advantages
@@ -33,9 +36,11 @@ import torch
 
 from .advantages import env_batch_std, group_advantages, outcome_advantage
 from .branching import branch_values
+from .entropy import act_entropy
 from .loss_inputs import DecisionRow
 from .observation import Observer, Wave
 from .pool import Episode, EpisodePool
+from .sampling import sampling_probs
 
 
 def _log_probs(logits, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,8 +64,9 @@ class Rollout:
     Args:
         pool (`EpisodePool`): the live episodes.
         tokenizer: the model's tokenizer.
-        args: an ``AleaEnvGRPOConfig`` (``num_generations``, ``temperature``, ``max_batch``, ``max_len``,
-            ``dense_advance``, ``scale_rewards``, ``on_env_error``, ``prefetch_observations``).
+        args: an ``AleaEnvGRPOConfig`` (``num_generations``, ``temperature``, ``top_k`` / ``top_p`` / ``min_p``,
+            ``reward_weights``, ``max_batch``, ``max_len``, ``dense_advance``, ``scale_rewards``, ``on_env_error``,
+            ``prefetch_observations``).
         seed (`int`): seed of the action-sampling generator.
     """
 
@@ -69,6 +75,9 @@ class Rollout:
         self.args = args
         self.env_index = {name: i for i, name in enumerate(pool.env_names)}
         self.generator = torch.Generator().manual_seed(seed)
+        self.filters = (args.top_k, args.top_p, args.min_p)  # of the distribution actions are drawn from
+        # GRPOConfig's reward_weights: one reward source (the env), so one weight on every reward it reports
+        self.reward_weight = float(args.reward_weights[0]) if args.reward_weights else 1.0
         self.stats: dict[str, list[float]] = defaultdict(list)
         self.queue: deque[DecisionRow] = deque()
         self.observer = Observer(tokenizer, args, self.stats, lambda ep: self.pool.reset_episode(ep))
@@ -163,10 +172,12 @@ class Rollout:
         logp_all, legal = _log_probs(logits, args.temperature)  # (N, A) on the host
         ref_all = None if _absent(ref_logits) else _log_probs(ref_logits, args.temperature)[0]
         probs = logp_all.exp()
-        entropy = -torch.where(legal, probs * logp_all, 0.0).sum(-1)  # (N,)
-        actions = torch.multinomial(probs, args.num_generations, replacement=True, generator=self.generator)  # (N, k)
+        entropy = act_entropy(logp_all, legal)  # (N,)
+        # drawn from the top-k / top-p / min-p filtered distribution; log-probs, entropy and regret are the policy's
+        draw = sampling_probs(logp_all, *self.filters)
+        actions = torch.multinomial(draw, args.num_generations, replacement=True, generator=self.generator)  # (N, k)
         dense = [ep.env.dense for ep in wave.episodes]
-        rewards = self._expected_rewards(wave, dense, logp_all.shape)  # (N, A)
+        rewards = self._expected_rewards(wave, dense, logp_all.shape) * self.reward_weight  # (N, A)
         sampled = rewards.gather(1, actions)  # (N, k)
         expected = (probs * rewards).sum(-1)  # (N,) the policy's expected reward (dense)
         regret = rewards.masked_fill(~legal, float("-inf")).amax(-1) - expected  # (N,)
@@ -220,6 +231,8 @@ class Rollout:
             self.args.temperature,
             self.args.branch_limit,
             self.not_copyable,
+            filters=self.filters,
+            reward_weight=self.reward_weight,
         )
         for i, v in zip(outcome, values):
             out[i] = v
@@ -248,6 +261,7 @@ class Rollout:
         except Exception as err:
             self.observer.env_failed(ep, "step", err)  # the row is dropped with the episode
             return False
+        reward *= self.reward_weight
         if not row.ready:
             ep.pending.append(row)
         ep.ret += reward
@@ -267,8 +281,8 @@ class Rollout:
         if self.args.scale_rewards == "batch":
             env_ids = torch.tensor([self.env_index[wave.episodes[i].env_name] for i in ready])
             batch_std = env_batch_std(r, env_ids)
-        for i, adv in zip(ready, group_advantages(r, self.args.scale_rewards, batch_std).tolist()):
-            rows[i].advantages = adv
+        for i, adv, value in zip(ready, group_advantages(r, self.args.scale_rewards, batch_std).tolist(), r.tolist()):
+            rows[i].advantages, rows[i].values = adv, value
 
     def _finish(self, ep: Episode) -> None:
         """Record a finished episode's returns, recycle it, and queue its waiting rows with their advantages.
@@ -288,12 +302,14 @@ class Rollout:
         scale = self.args.scale_rewards != "none"
         if self.args.outcome_advantage == "episode":
             advantages = [outcome_advantage(ret, self.pool.returns[name], scale)] * len(pending)
+            values = [ret] * len(pending)
         else:  # reward-to-go against the env's recent returns-to-go at the same step
             to_go = np.cumsum(rewards[::-1])[::-1].tolist()
             windows = self.pool.record_returns_to_go(name, to_go)
             advantages = [outcome_advantage(to_go[row.t], windows[row.t], scale) for row in pending]
-        for row, adv in zip(pending, advantages):
-            row.advantages = [adv]
+            values = [to_go[row.t] for row in pending]
+        for row, adv, value in zip(pending, advantages, values):
+            row.advantages, row.values = [adv], [value]
             self.queue.append(row)
 
     # ------------------------------------------------------------------------------------------------- state

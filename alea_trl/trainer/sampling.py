@@ -84,6 +84,15 @@ def filter_action_logits(
     return out
 
 
+def sampling_probs(logp: torch.Tensor, top_k: int = 0, top_p: float = 1.0, min_p: float | None = None) -> torch.Tensor:
+    """The distribution actions are drawn from, `(N, A)`: ``exp(logp)`` when every filter is off, else the softmax of
+    :func:`filter_action_logits` of ``logp`` (log-probs after temperature, ``-inf`` beyond each row's legal actions).
+    The policy whose log-probs the loss uses stays the unfiltered one (as TRL's)."""
+    if not sampling_filters_active(top_k, top_p, min_p):
+        return logp.exp()
+    return torch.softmax(filter_action_logits(logp, top_k, top_p, min_p), -1)
+
+
 def _check_filters(top_k, top_p, min_p) -> None:
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise ValueError(f"filter_action_logits: field 'top_k': must be an integer >= 0 (0: off), got {top_k!r}")
@@ -93,4 +102,4 @@ def _check_filters(top_k, top_p, min_p) -> None:
         raise ValueError(f"filter_action_logits: field 'min_p': must be None (off) or in [0, 1], got {min_p!r}")
 
 
-__all__ = ["filter_action_logits", "sampling_filters_active"]
+__all__ = ["filter_action_logits", "sampling_filters_active", "sampling_probs"]

@@ -13,7 +13,21 @@ from alea_trl.trainer.distributed import end_distributed
 
 def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
     """``mode``: "plain" (3 steps), "chunked" (3 steps, several length-grouped forwards per micro-batch), "save" (4
-    steps, a checkpoint every 2), "resume" (from checkpoint-2 to 4)."""
+    steps, a checkpoint every 2), "resume" (from checkpoint-2 to 4), "collectives" (3 steps with the loss's
+    collectives: dapo's global sample count, the entropy quantile, the adaptive entropy controller, and the gathered
+    completion table)."""
+    collectives = (
+        dict(
+            loss_type="dapo",
+            top_entropy_quantile=0.5,
+            use_adaptive_entropy=True,
+            entropy_target=100.0,
+            entropy_coef_delta=0.01,
+            log_completions=True,
+        )
+        if mode == "collectives"
+        else {}
+    )
     tokenizer = build_tiny_tokenizer()
     torch.manual_seed(0)
     model = AleaModel.from_backbone(
@@ -24,7 +38,7 @@ def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
         use_cpu=True,
         bf16=False,
         report_to="none",
-        save_strategy="no" if mode in ("plain", "chunked") else "steps",
+        save_strategy="steps" if mode in ("save", "resume") else "no",
         save_steps=2,
         disable_tqdm=True,
         envs=["kelly", "nim"],
@@ -32,7 +46,7 @@ def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
         max_batch=8,
         per_device_train_batch_size=4,
         num_generations=4,
-        max_steps=3 if mode in ("plain", "chunked") else 4,
+        max_steps=4 if mode in ("save", "resume") else 3,
         # "chunked": two nim decisions (350-500 tokens) share a forward iff both are <= 400 tokens, so the ranks'
         # micro-batches split into different numbers of forwards
         max_len=800 if mode == "chunked" else 1024,
@@ -43,6 +57,7 @@ def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
         train_mode=train_mode,
         tail_k=1,
         gradient_checkpointing=True,  # the configuration in which DDP needs every parameter touched each step
+        **collectives,
     )
     forwards = []  # length-grouped forwards per loss forward: they differ between the ranks in "chunked" mode
     split = chunked_forward.length_groups

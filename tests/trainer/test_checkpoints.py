@@ -3,6 +3,7 @@
 import copy
 import pickle
 
+import pytest
 import torch
 from peft import PeftModel
 from transformers import AutoModel
@@ -66,10 +67,16 @@ def test_save_model_reloads_through_auto_model(tiny_model, tokenizer, make_args,
     assert_reloads_identically(again.model, model, decisions, tokenizer)
 
 
-def test_resume_from_checkpoint_continues_the_same_run(tiny_model, tokenizer, make_args, tmp_path):
+@pytest.mark.parametrize("outcome_advantage", ["rtg", "branch"])
+def test_resume_from_checkpoint_continues_the_same_run(tiny_model, tokenizer, make_args, tmp_path, outcome_advantage):
     def run(out, resume=None):
         args = make_args(
-            output_dir=str(out), envs=["kelly", "bandit"], max_steps=4, save_strategy="steps", save_steps=2
+            output_dir=str(out),
+            envs=["kelly", "bandit"],
+            max_steps=4,
+            save_strategy="steps",
+            save_steps=2,
+            outcome_advantage=outcome_advantage,  # rtg: outcome decisions wait in the checkpoint for their return
         )
         trainer = AleaEnvGRPOTrainer(tiny_model(), args=args, processing_class=tokenizer)
         trainer.train(resume_from_checkpoint=resume)
@@ -80,7 +87,8 @@ def test_resume_from_checkpoint_continues_the_same_run(tiny_model, tokenizer, ma
     with open(tmp_path / "b" / "checkpoint-2" / "alea_pool_rank0.pkl", "rb") as f:
         pool = pickle.load(f)["pool"]
     open_outcome = [ep for ep in pool.episodes["bandit"] if ep.pending]
-    assert open_outcome, "the checkpoint should hold outcome episodes still waiting for their return"
+    if outcome_advantage == "rtg":
+        assert open_outcome, "the checkpoint should hold outcome episodes still waiting for their return"
     resumed = run(tmp_path / "b", resume=str(tmp_path / "b" / "checkpoint-2"))
     for (name, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
         torch.testing.assert_close(p, q, atol=0, rtol=0, msg=name)

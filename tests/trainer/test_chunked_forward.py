@@ -56,6 +56,7 @@ def test_length_grouped_step_equals_single_forward_step(tiny_model, tokenizer, m
         model = tiny_model()
         args = make_args(
             envs=["named_best", "three_in_a_row"],
+            outcome_advantage="rtg",  # branch continuations are forwards of their own, outside the loss's groups
             max_steps=2,
             per_device_train_batch_size=8,
             train_mode=mode,

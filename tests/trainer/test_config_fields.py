@@ -157,7 +157,8 @@ def test_acting_fields_are_accepted(make_args, overrides):
 
 def test_defaults_are_accepted(make_args):
     args = make_args()
-    assert (args.loss_type, args.top_k, args.top_p, args.min_p) == ("dapo", 0, 1.0, None)
+    # loss_type: "grpo" (the mean over sampled actions, the seed's loss), not GRPOConfig's "dapo"
+    assert (args.loss_type, args.top_k, args.top_p, args.min_p) == ("grpo", 0, 1.0, None)
 
 
 def test_trust_remote_code_reaches_the_model_loaders(make_args):

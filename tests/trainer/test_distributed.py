@@ -36,7 +36,9 @@ def _launch(out, *script_args):
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-@pytest.mark.parametrize("train_mode,mode", [("full", "plain"), ("lora", "plain"), ("full", "chunked")])
+@pytest.mark.parametrize(
+    "train_mode,mode", [("full", "plain"), ("lora", "plain"), ("full", "chunked"), ("full", "collectives")]
+)
 def test_two_process_ddp_keeps_ranks_identical(tmp_path, train_mode, mode):
     _launch(tmp_path, train_mode, mode)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
@@ -52,6 +54,13 @@ def test_two_process_ddp_keeps_ranks_identical(tmp_path, train_mode, mode):
         assert ranks[0]["forwards"] != ranks[1]["forwards"] and len(ranks[0]["forwards"]) >= 3
     # both ranks logged the same gathered metrics
     assert [h.get("loss/policy") for h in ranks[0]["log"]] == [h.get("loss/policy") for h in ranks[1]["log"]]
+    if mode == "collectives":  # the controller saw both ranks' entropies; rank 0 wrote both ranks' actions
+        coefs = [[h["entropy_coef"] for h in r["log"] if "entropy_coef" in h] for r in ranks]
+        assert coefs[0] == coefs[1] == pytest.approx([0.01, 0.02, 0.03])
+        import pandas as pd
+
+        table = pd.read_parquet(tmp_path / "completions" / "completions_00001.parquet")
+        assert len(table) > 0 and set(table["env"]) <= {"kelly", "nim"}
 
 
 def test_two_process_resume_matches_an_uninterrupted_run(tmp_path):

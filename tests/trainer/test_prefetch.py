@@ -18,7 +18,13 @@ from .conftest import TOY_FACTORIES
 
 def _train(tiny_model, tokenizer, make_args, prefetch):
     model = tiny_model()
-    args = make_args(envs=["named_best", "three_in_a_row"], max_steps=6, beta=0.05, prefetch_observations=prefetch)
+    args = make_args(
+        envs=["named_best", "three_in_a_row"],
+        max_steps=6,
+        beta=0.05,
+        prefetch_observations=prefetch,
+        outcome_advantage="rtg",  # env copies of branching are observed in the main thread: the count below is of episodes
+    )
     trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES)
     threads = []
     prepare = trainer.rollout.observer.prepare

@@ -52,7 +52,13 @@ def _count_forwards(trainer):
 
 def test_sampling_in_the_loss_forward_runs_one_forward_per_micro_batch(tiny_model, tokenizer, make_args):
     for in_loss in (True, False):
-        args = make_args(envs=["named_best", "three_in_a_row"], max_steps=4, beta=0.0, sample_in_loss_forward=in_loss)
+        args = make_args(
+            envs=["named_best", "three_in_a_row"],
+            max_steps=4,
+            beta=0.0,
+            sample_in_loss_forward=in_loss,
+            outcome_advantage="rtg",  # branching adds no-grad continuation forwards; counted in the test below
+        )
         trainer = AleaEnvGRPOTrainer(tiny_model(), args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES)
         calls = _count_forwards(trainer)
         trainer.train()
@@ -77,7 +83,7 @@ def test_outcome_decisions_train_each_term_once(tiny_model, tokenizer, make_args
 
     gt.sampled_forward_inputs = spy
     try:
-        args = make_args(envs=["three_in_a_row", "named_best"], max_steps=12, beta=0.0)
+        args = make_args(envs=["three_in_a_row", "named_best"], max_steps=12, beta=0.0, outcome_advantage="rtg")
         trainer = AleaEnvGRPOTrainer(tiny_model(), args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES)
         trainer.train()
     finally:

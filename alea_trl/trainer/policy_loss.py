@@ -1,0 +1,280 @@
+"""The policy loss over sampled actions (:func:`policy_loss`), with TRL's ``loss_type`` formulas: the per-sample term
+of each loss, its normalisation, and the off-policy mask. One sampled action stands in the place of one completion (a
+one-token sequence).
+
+Design decisions:
+1. The per-sample terms are ``GRPOTrainer._compute_loss``'s, with ``r = exp(logp - old_logp)`` and ``A`` the sample's
+   advantage: the clipping losses (grpo, bnpo, dr_grpo, dapo, luspo) ``-min(r' A, clip(r, 1 - eps_low, 1 + eps_high)
+   A)`` with ``r'`` = ``r`` capped at ``delta`` when set; cispo ``-min(r, eps_high).detach() A logp``; sapo
+   ``-sigmoid(t (r - 1)) 4 / t A`` with ``t`` the temperature of the advantage's sign; vespo ``-phi(r) A logp`` with
+   TRL's gamma weight ``phi`` (``GRPOTrainer.get_gamma_weights``, called with one sample per row).
+2. Normalisation, per kind of sample (dense / outcome, see :func:`policy_loss`): grpo, bnpo, luspo and sapo take the
+   mean over the kind's real samples of the micro-batch (with one action per sequence, TRL's per-sequence length
+   mean, its local token count and its per-sequence sum all reduce to it); dr_grpo divides the sum by a constant, the
+   kind's rows that train an action x k (the most samples they can hold, as TRL's ``B x max_completion_length``), so
+   an outcome decision replayed with one action weighs 1/k of a decision with k; dapo, cispo and vespo divide the sum
+   by the kind's real samples of the micro-batch summed over all processes, divided by their number (DDP averages the
+   processes' gradients, so each sample of the step weighs the same, wherever it was drawn).
+3. The off-policy mask (DeepSeek-V3.2, TRL's ``get_off_policy_mask``, ``off_policy_mask_threshold``) keeps a sample
+   unless its advantage is negative and ``old_logp - logp`` exceeds the threshold; masks zero terms, they do not
+   change the normalisers (as TRL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+from trl import GRPOTrainer
+
+
+CLIPPING_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+GLOBAL_COUNT_LOSSES = ("dapo", "cispo", "vespo")  # normalised by the real samples of all processes
+
+
+_PAD = -1e9  # the padding of gathered 1-D tensors: below any value gathered (entropies are >= 0)
+
+
+def _same(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+@dataclass
+class Collectives:
+    """The cross-process operations the loss needs; on one process they return their input.
+
+    Attributes:
+        sum (`Callable`): a tensor summed over processes (every process calls it with the same shape).
+        gather (`Callable`): a 1-D tensor of each process (values > -1e9), concatenated (lengths may differ).
+        num_processes (`int`): how many processes train.
+    """
+
+    sum: Callable[[torch.Tensor], torch.Tensor] = _same
+    gather: Callable[[torch.Tensor], torch.Tensor] = _same
+    num_processes: int = 1
+
+    @classmethod
+    def of(cls, accelerator) -> Collectives:
+        """The collectives of ``accelerator``'s processes (padded to one length and gathered, as TRL's
+        ``get_high_entropy_mask`` gathers entropies)."""
+        if accelerator.num_processes == 1:
+            return cls()
+
+        def gather(values: torch.Tensor) -> torch.Tensor:
+            everyone = accelerator.gather(accelerator.pad_across_processes(values, dim=0, pad_index=_PAD))
+            return everyone[everyone != _PAD]
+
+        return cls(lambda t: accelerator.reduce(t, reduction="sum"), gather, accelerator.num_processes)
+
+
+@dataclass
+class PolicyObjective:
+    """The ``GRPOConfig`` fields that shape the policy loss (their defaults are GRPOConfig's; ``loss_type`` defaults
+    to ``"grpo"``, the mean over samples)."""
+
+    loss_type: str = "grpo"
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    off_policy_mask_threshold: float | None = None
+    top_entropy_quantile: float = 1.0
+
+    @classmethod
+    def from_args(cls, args) -> PolicyObjective:
+        """The objective an ``AleaEnvGRPOConfig`` asks for."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def per_sample_loss(
+    objective: PolicyObjective,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sample's policy term under ``objective.loss_type`` (see the module docstring), and which samples the loss
+    clipped (the clipping losses: the clip removed the gradient; cispo: the weight was capped with ``A > 0``, TRL's
+    ``cispo_clip_ratio``; sapo and vespo never clip).
+
+    Args:
+        objective (`PolicyObjective`): the loss type and its settings.
+        logp, old_logp, advantages (`torch.Tensor` of shape `(N, k)`): current and behaviour log-probs of the sampled
+            actions and their advantages.
+        epsilon_low, epsilon_high (`float`): the clip range (cispo: ``epsilon_high`` caps its weight).
+        delta (`float`, *optional*): the cap of the unclipped ratio (clipping losses only).
+
+    Returns:
+        `(torch.Tensor, torch.Tensor)`: the terms `(N, k)` and the clipped mask `(N, k)` (no gradient).
+    """
+    loss_type = objective.loss_type
+    ratio = torch.exp(logp - old_logp)
+    if loss_type in CLIPPING_LOSSES:
+        capped = ratio if delta is None else torch.clamp(ratio, max=delta)
+        pg_loss1 = -advantages * capped
+        pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
+        return torch.max(pg_loss1, pg_loss2), (pg_loss2 > pg_loss1).detach()
+    if loss_type == "cispo":
+        weight = torch.clamp(ratio, max=epsilon_high).detach()
+        return -weight * advantages * logp, ((ratio > epsilon_high) & (advantages > 0)).detach()
+    no_clip = torch.zeros_like(logp, dtype=torch.bool)
+    if loss_type == "sapo":
+        t = torch.where(advantages > 0, objective.sapo_temperature_pos, objective.sapo_temperature_neg)
+        return -torch.sigmoid(t * (ratio - 1)) * 4 / t * advantages, no_clip
+    if loss_type == "vespo":
+        phi = GRPOTrainer.get_gamma_weights(
+            advantages=advantages.reshape(-1, 1),
+            log_ratio_per_token=(logp - old_logp).reshape(-1, 1),
+            mask=torch.ones_like(logp).reshape(-1, 1),
+            importance_sampling_ratio=None,
+            k_pos=objective.vespo_k_pos,
+            lambda_pos=objective.vespo_lambda_pos,
+            k_neg=objective.vespo_k_neg,
+            lambda_neg=objective.vespo_lambda_neg,
+        ).reshape(logp.shape)
+        return -phi * advantages * logp, no_clip
+    raise ValueError(f"per_sample_loss: field 'loss_type': unknown {loss_type!r}")
+
+
+def off_policy_keep(
+    advantages: torch.Tensor, logp: torch.Tensor, old_logp: torch.Tensor, sample_mask: torch.Tensor, threshold: float
+) -> torch.Tensor:
+    """TRL's off-policy sequence mask per sample, `(N, k)` float: 1 where ``A >= 0`` or ``old_logp - logp <= threshold``
+    (the behaviour policy's log-prob of the action is not much above the current one's), else 0."""
+    keep = GRPOTrainer.get_off_policy_mask(
+        advantages=advantages.reshape(-1, 1),
+        per_token_logps=logp.reshape(-1, 1),
+        sampling_per_token_logps=old_logp.reshape(-1, 1),
+        mask=sample_mask.reshape(-1, 1).float(),
+        off_policy_threshold=threshold,
+    )
+    return keep.reshape(logp.shape)
+
+
+def kind_normalisers(
+    loss_type: str, kinds: list[torch.Tensor], k: int, collectives: Collectives
+) -> list[torch.Tensor | None]:
+    """The normaliser of each kind's sum of policy terms (see the module docstring); ``None`` for the losses that take
+    the mean over the kind's real samples (computed by the caller, so the default loss keeps its exact arithmetic).
+
+    Args:
+        loss_type (`str`): the loss type.
+        kinds (`list[torch.Tensor]`): per kind, its real samples `(N, k)` (bool).
+        k (`int`): the widest row (``num_generations``).
+        collectives (`Collectives`): the cross-process sum (dapo, cispo, vespo: one call for all kinds, on every
+            process, once per micro-batch, whether or not the process holds samples).
+    """
+    if loss_type in GLOBAL_COUNT_LOSSES:
+        total = collectives.sum(torch.stack([m.sum() for m in kinds]).float())
+        return list((total.clamp(min=1.0) / collectives.num_processes).unbind())
+    if loss_type == "dr_grpo":
+        return [(m.any(-1).sum() * k).clamp(min=1).float() for m in kinds]
+    return [None] * len(kinds)
+
+
+@dataclass
+class PolicyStats:
+    """Diagnostics of the policy loss (no gradient).
+
+    Attributes:
+        clip_ratio (`torch.Tensor`): share of real samples whose gradient the clip removed (cispo: whose weight was
+            capped with a positive advantage; sapo and vespo do not clip: 0).
+        clip_ratio_outcome (`torch.Tensor`): the same over the outcome envs' samples (0 when there is none).
+        approx_kl (`torch.Tensor`): ``mean((r - 1) - log r)`` over real samples, an estimate of KL(old || new)
+            (Schulman, "Approximating KL divergence", 2020).
+        n_outcome (`float`): outcome samples in the batch.
+    """
+
+    clip_ratio: torch.Tensor
+    clip_ratio_outcome: torch.Tensor
+    approx_kl: torch.Tensor
+    n_outcome: float
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    sample_mask: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None = None,
+    outcome_rows: torch.Tensor | None = None,
+    outcome_weight: float = 1.0,
+    *,
+    objective: PolicyObjective | None = None,
+    keep: torch.Tensor | None = None,
+    collectives: Collectives | None = None,
+) -> tuple[torch.Tensor, PolicyStats]:
+    """Policy loss over sampled actions, with the dense envs' and the outcome envs' samples normalised separately.
+
+    A dense decision carries k samples and an outcome decision one (or k when branched), so one mean over all samples
+    would give the outcome envs a share that depends on k and on the batch mix. Each kind's samples are normalised on
+    their own (by ``objective.loss_type``'s normaliser, see `alea_trl.trainer.loss_types`) and the two added, the
+    outcome one weighted by ``outcome_weight``: a kind's gradient scale does not depend on whether the other kind is
+    in the batch.
+
+    Args:
+        logp, old_logp, advantages (`torch.Tensor` of shape `(N, k)`): current and behaviour log-probs of the sampled
+            actions, and their advantages.
+        sample_mask (`torch.Tensor` of shape `(N, k)`): which samples are real.
+        epsilon_low, epsilon_high (`float`): the ratio clip range.
+        delta (`float`, *optional*): TRL's two-sided clip: the unclipped ratio is capped at ``delta``, which bounds the
+            loss of a sample with a negative advantage whose ratio grew large (a stale replay).
+        outcome_rows (`torch.Tensor` of shape `(N,)`, *optional*): which rows belong to outcome envs (default: none).
+        outcome_weight (`float`): weight of the outcome envs' term.
+        objective (`PolicyObjective`, *optional*): ``loss_type`` and its settings, and the off-policy mask threshold
+            (default: ``"grpo"``, no mask).
+        keep (`torch.Tensor` of shape `(N, k)`, *optional*): samples whose terms count (the others' are zeroed, the
+            normalisers unchanged, as TRL's masks); e.g. the high-entropy samples.
+        collectives (`Collectives`, *optional*): cross-process operations (the global sample counts of dapo, cispo
+            and vespo); default: one process.
+    """
+    objective = objective or PolicyObjective()
+    pg_loss, clipped = per_sample_loss(objective, logp, old_logp, advantages, epsilon_low, epsilon_high, delta)
+    if objective.off_policy_mask_threshold is not None:
+        pg_loss = pg_loss * off_policy_keep(
+            advantages, logp, old_logp, sample_mask, objective.off_policy_mask_threshold
+        )
+    if keep is not None:
+        pg_loss = pg_loss * keep
+    outcome = torch.zeros_like(sample_mask) if outcome_rows is None else outcome_rows[:, None].expand_as(sample_mask)
+    kinds = (sample_mask & ~outcome, sample_mask & outcome)
+    normalisers = kind_normalisers(
+        objective.loss_type, list(kinds), sample_mask.shape[-1], collectives or Collectives()
+    )
+    loss = pg_loss.new_zeros(())
+    for kind, weight, normaliser in zip(kinds, (1.0, outcome_weight), normalisers):
+        if outcome_rows is None or kind.any():
+            mask = kind.float()
+            normaliser = mask.sum().clamp(min=1.0) if normaliser is None else normaliser
+            loss = loss + weight * (pg_loss * mask).sum() / normaliser
+    with torch.no_grad():
+        clipped = clipped & sample_mask
+        n_real, n_outcome = sample_mask.sum().clamp(min=1), (sample_mask & outcome).sum()
+        log_ratio = (logp - old_logp).masked_fill(~sample_mask, 0.0)
+        stats = PolicyStats(
+            clip_ratio=clipped.float().sum() / n_real,
+            clip_ratio_outcome=(clipped & outcome).float().sum() / n_outcome.clamp(min=1),
+            approx_kl=((log_ratio.exp() - 1) - log_ratio).sum() / n_real,
+            n_outcome=float(n_outcome),
+        )
+    return loss, stats
+
+
+__all__ = [
+    "CLIPPING_LOSSES",
+    "GLOBAL_COUNT_LOSSES",
+    "Collectives",
+    "PolicyObjective",
+    "PolicyStats",
+    "kind_normalisers",
+    "off_policy_keep",
+    "per_sample_loss",
+    "policy_loss",
+]

@@ -1,0 +1,158 @@
+"""Outcome envs' credit assignment: reward-to-go against per-step baselines, Monte Carlo branching from env copies,
+the fall-back for envs that cannot be copied, a sparse multi-step env learnt, and the logged return of the sampled
+policy."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from alea_trl import AleaEnvGRPOTrainer
+from alea_trl.envs import AleaEnv
+from alea_trl.questions import Decision, Question
+from alea_trl.trainer.pool import EpisodePool
+from alea_trl.trainer.rollout import Rollout
+
+from .conftest import TOY_FACTORIES
+from .toy_envs import ThreeInARowEnv
+
+
+class CountingEnv(AleaEnv):
+    """Outcome: three steps; each step pays the index of the action taken (0, 1 or 2). Deterministic."""
+
+    name, dense = "counting", False
+
+    def _reset(self, rng):
+        self.t = 0
+
+    def _observe(self):
+        act = Question("act", "choice", "Which number?", options=["zero", "one", "two"], env=self.name)
+        return Decision(f"Step {self.t + 1} of 3.", [act], env=self.name)
+
+    def oracle_targets(self):
+        return {}
+
+    def oracle_action(self):
+        return 2
+
+    def _step(self, action):
+        self.t += 1
+        return float(action), self.t == 3
+
+
+class Uncopyable(CountingEnv):
+    name = "uncopyable"
+
+    def __deepcopy__(self, memo):
+        raise TypeError("holds a live connection")
+
+
+def _rollout(tokenizer, make_args, factory, **overrides):
+    args = make_args(envs=[factory.name], eps_per_env=1, num_generations=4, scale_rewards="none", **overrides)
+    pool = EpisodePool({factory.name: factory}, eps_per_env=1, rng=np.random.default_rng(0))
+    return Rollout(pool, tokenizer, args, seed=0)
+
+
+def _uniform(packed):
+    return torch.zeros(len(packed), 3)
+
+
+def test_reward_to_go_is_measured_against_the_returns_to_go_of_the_same_step(tokenizer, make_args):
+    rollout = _rollout(tokenizer, make_args, CountingEnv, outcome_advantage="rtg")
+    episodes = []
+    for _ in range(2):  # two episodes of three decisions, actions drawn uniformly
+        actions = []
+        for _ in range(3):
+            wave = rollout.observe_wave(1)
+            row = rollout.advance(wave, _uniform(wave.packed))[0]
+            actions.append(row.actions[0])
+        episodes.append(actions)
+    rows = rollout.take(10)
+    assert len(rows) == 6
+    to_go = [np.cumsum(a[::-1])[::-1] for a in episodes]  # the reward of a step is its action
+    first, second = rows[:3], rows[3:]
+    assert all(r.advantages == [0.0] for r in first)  # one return-to-go per step seen: no baseline yet
+    for t, row in enumerate(second):  # scale_rewards="none": G_t minus the mean of the two episodes' G_t
+        assert row.advantages[0] == pytest.approx(to_go[1][t] - (to_go[0][t] + to_go[1][t]) / 2)
+
+
+def test_branching_values_each_sampled_action_by_its_return_in_an_env_copy(tokenizer, make_args):
+    rollout = _rollout(tokenizer, make_args, CountingEnv, outcome_advantage="branch")
+    rollout.continuation_logits = lambda packed: torch.tensor([[0.0, -1e9, -1e9]] * len(packed))  # always "zero"
+    wave = rollout.observe_wave(1)
+    before = wave.episodes[0].env.t
+    row = rollout.advance(wave, _uniform(wave.packed))[0]
+    assert row.ready and len(row.actions) == 4  # a group, valued now
+    values = torch.tensor(row.actions, dtype=torch.float32)  # the action's own reward; the copies then play "zero"
+    expected = values - values.mean()
+    if values.eq(values[0]).all():
+        expected = torch.zeros(4)
+    torch.testing.assert_close(torch.tensor(row.advantages), expected)
+    assert wave.episodes[0].env.t == before + 1  # the episode itself took one step (the first sample)
+    assert rollout.pop_stats()["branch/continuation_decisions"] == [8.0]  # 4 copies x the 2 decisions left
+
+
+def test_an_env_that_cannot_be_copied_falls_back_to_reward_to_go_with_one_warning(tokenizer, make_args):
+    rollout = _rollout(tokenizer, make_args, Uncopyable, outcome_advantage="branch")
+    rollout.continuation_logits = _uniform
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(6):
+            wave = rollout.observe_wave(1)
+            rows = rollout.advance(wave, _uniform(wave.packed))
+            assert not rows[0].ready  # valued when the episode ends
+    assert len([w for w in caught if "cannot be deep-copied" in str(w.message)]) == 1
+    assert len(rollout.take(10)) == 6
+
+
+def _p_right(model, tokenizer, n=200, seed=123):
+    """Mean probability of the named colour over fresh decisions at every round of three_in_a_row."""
+    envs = []
+    for i in range(n):
+        env = ThreeInARowEnv().reset(np.random.default_rng([seed, i]))
+        for _ in range(i % 3):  # rounds 1, 2 and 3, on the right path
+            env.step(env.best)
+        envs.append(env)
+    answers = model.predict([e.observe() for e in envs], tokenizer, batch_size=100)
+    return float(np.mean([a["act"][e.best] for a, e in zip(answers, envs)]))
+
+
+def test_a_sparse_three_decision_env_is_learnt(tiny_model, tokenizer, make_args):
+    """Three decisions, return 1 only if all three pick the colour the state names (chance 1/27): the default credit
+    assignment (branching) takes the policy to the right answer."""
+    model = tiny_model()
+    assert _p_right(model, tokenizer) < 0.45
+    args = make_args(
+        envs=["three_in_a_row"],
+        max_steps=900,
+        eps_per_env=16,
+        max_batch=16,
+        per_device_train_batch_size=16,
+        beta=0.0,
+        logging_steps=40,
+    )
+    trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES)
+    trainer.train()
+    assert _p_right(model, tokenizer) >= 0.8
+
+
+def test_logged_return_is_the_sampled_policys_not_the_best_of_k(tiny_model, tokenizer, make_args):
+    """With dense_advance="best_of_k" the episode follows the best of k samples; ``return`` is the policy's expected
+    return at the states met (near random play for an untrained policy), ``return_best_of_k`` the realised one."""
+    args = make_args(
+        envs=["newsvendor"],
+        max_steps=20,
+        eps_per_env=2,
+        per_device_train_batch_size=8,
+        learning_rate=0.0,  # the untrained policy throughout
+        lr_head=0.0,
+        lr_aux=0.0,
+        logging_steps=20,
+    )
+    trainer = AleaEnvGRPOTrainer(tiny_model(), args=args, processing_class=tokenizer)
+    trainer.train()
+    log = next(h for h in trainer.state.log_history if "env/newsvendor/return" in h)
+    random_play, oracle = 47.8, 138.4  # `python -m alea_trl.envs`, 1,000 episodes each
+    assert abs(log["env/newsvendor/return"] - random_play) < 0.25 * (oracle - random_play)
+    assert log["env/newsvendor/return_best_of_k"] > log["env/newsvendor/return"] + 0.3 * (oracle - random_play)
