@@ -123,15 +123,8 @@ def test_a_sparse_three_decision_env_is_learnt(tiny_model, tokenizer, make_args)
     assignment (branching) takes the policy to the right answer."""
     model = tiny_model()
     assert _p_right(model, tokenizer) < 0.45
-    args = make_args(
-        envs=["three_in_a_row"],
-        max_steps=900,
-        eps_per_env=16,
-        max_batch=16,
-        per_device_train_batch_size=16,
-        beta=0.0,
-        logging_steps=40,
-    )
+    batches = {"eps_per_env": 16, "max_batch": 16, "per_device_train_batch_size": 16}  # 16 decisions a step
+    args = make_args(envs=["three_in_a_row"], max_steps=900, beta=0.0, logging_steps=100, **batches)
     trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES)
     trainer.train()
     assert _p_right(model, tokenizer) >= 0.8
