@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 
 _REGISTRY: dict[str, Callable] = {}
@@ -64,4 +65,31 @@ def list_envs() -> list[str]:
     return sorted(_REGISTRY)
 
 
-__all__ = ["RegisteredEnvFactory", "env_factories", "list_envs", "make_env", "register_env"]
+GYM_ENVS = {
+    "gym-frozenlake-4x4": ("FrozenLake-v1", {"map_name": "4x4"}),
+    "gym-frozenlake-8x8": ("FrozenLake8x8-v1", {}),
+    "gym-taxi": ("Taxi-v4", {}),
+    "gym-cliffwalking": ("CliffWalking-v1", {"max_episode_steps": 100}),
+    "gym-blackjack": ("Blackjack-v1", {}),
+}
+"""The registered Gymnasium envs (optional extra ``gym``): name -> (Gymnasium id, ``gymnasium.make`` defaults).
+CliffWalking has no time limit of its own: 100 steps keep a random policy's episodes finite (the optimal path takes
+13)."""
+
+
+def _gym_env(name: str, **kwargs):
+    """A registered Gymnasium env, importing the adapter (and gymnasium) only when one is made."""
+    try:
+        from .gymnasium import make_gym_env
+    except ModuleNotFoundError as err:
+        if err.name != "gymnasium":
+            raise
+        raise ImportError(f"env {name!r} needs gymnasium: pip install 'alea-trl[gym]'") from err
+    return make_gym_env(name, **kwargs)
+
+
+for _name in GYM_ENVS:
+    register_env(_name, partial(_gym_env, _name))
+
+
+__all__ = ["GYM_ENVS", "RegisteredEnvFactory", "env_factories", "list_envs", "make_env", "register_env"]
