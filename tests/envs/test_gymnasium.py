@@ -265,9 +265,10 @@ def test_readme_gymnasium_example_runs(tiny_model_factory, tokenizer, tmp_path):
     namespace: dict = {}
     exec(compile(re.search(r"```python\n(.*?)```", section, re.S).group(1), "README.md", "exec"), namespace)
     args = namespace["args"]
-    args.output_dir, args.max_steps, args.use_cpu, args.bf16 = str(tmp_path), 2, True, False
-    args.report_to, args.save_strategy, args.eps_per_env, args.per_device_train_batch_size = [], "no", 2, 4
-    args.max_batch, args.train_mode, args.gradient_checkpointing = 8, "full", False
+    test_sized = {"output_dir": str(tmp_path), "max_steps": 2, "use_cpu": True, "bf16": False, "report_to": []}
+    test_sized |= {"save_strategy": "no", "eps_per_env": 2, "per_device_train_batch_size": 4, "max_batch": 8}
+    for field, value in (test_sized | {"train_mode": "full", "gradient_checkpointing": False}).items():
+        setattr(args, field, value)
     trainer = AleaEnvGRPOTrainer(tiny_model_factory(), args=args, processing_class=tokenizer)
     trainer.train()
     logged = {k for h in trainer.state.log_history for k in h}
