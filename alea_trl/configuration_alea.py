@@ -3,7 +3,9 @@
 Design decisions:
 1. The backbone's config is nested as ``text_config`` (the transformers convention for composite models), so a
    checkpoint is one ``config.json`` and loads with ``AutoConfig`` after ``import alea_trl``.
-2. Configs saved before the n-gram extras were named after their n (``use_ngram`` / ``use_ngram2``) still load.
+2. ``backbone_name_or_path`` records where the backbone's pretrained weights came from, so a checkpoint names its base
+   (model card, LoRA reload, tokenizer) even when the model was built in memory.
+3. Configs saved before the n-gram extras were named after their n (``use_ngram`` / ``use_ngram2``) still load.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ class AleaConfig(PreTrainedConfig):
             Rows of each hashed n-gram table.
         initializer_range (`float`, *optional*, defaults to 0.02):
             Std of the normal initialisation of the heads.
+        backbone_name_or_path (`str`, *optional*):
+            Hub id or local directory whose pretrained weights the backbone started from (set by
+            [`AleaModel.from_backbone`]); `None` for a backbone built from a config with random weights. Model cards
+            name it as the base, LoRA outputs reload their base from it, and the trainer loads the tokenizer from it.
     """
 
     model_type = "alea"
@@ -57,6 +63,7 @@ class AleaConfig(PreTrainedConfig):
     use_trigram: bool = False
     ngram_buckets: int = 16384
     initializer_range: float = 0.02
+    backbone_name_or_path: str | None = None
 
     def __post_init__(self, **kwargs):
         for old, new in _LEGACY_SWITCHES.items():  # configs saved before the switches were renamed

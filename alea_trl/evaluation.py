@@ -26,6 +26,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from .envs.play import baseline_return
 from .envs.registry import env_factories
 from .losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
 from .questions import ACT_QID, validate_targets
@@ -71,15 +72,6 @@ def _episode_counts(episodes, factories: dict) -> dict[str, int]:
     return {name: int(n) for name, n in counts.items()}
 
 
-def _baseline_return(env, rng: np.random.Generator, policy: str, pick: np.random.Generator) -> float:
-    env.reset(rng)
-    total = 0.0
-    while not env.done:
-        a = env.oracle_action() if policy == "oracle" else int(pick.integers(env.observe().n_legal))
-        total += env.step(a)[0]
-    return total
-
-
 @torch.no_grad()
 def evaluation_sums(
     model,
@@ -106,7 +98,8 @@ def evaluation_sums(
         seed (`int`, defaults to 0): seed of the episodes (shared by the policy, random and oracle play) and of the
             sampler of ``greedy=False``.
         greedy (`bool`, defaults to `True`): argmax actions; otherwise sample from the act head.
-        max_len (`int`, *optional*): decisions packing to more tokens end their episode (counted as ``skipped``).
+        max_len (`int`, *optional*): decisions packing to more tokens end their episode (counted as ``skipped``);
+            for an `AleaModel`, by default the backbone's ``max_position_embeddings``, and a larger one raises.
         batch_size (`int`, defaults to 16): decisions per forward.
         forecasts (`list`, *optional*): when given, every noul forecast is appended as ``(env, qid, p_yes, target)``
             (the input of a reliability diagram).
@@ -117,6 +110,8 @@ def evaluation_sums(
         `dict[str, tuple[float, float]]`: ``(sum, count)`` per figure.
     """
     rank, world = shard
+    if hasattr(model, "decision_len_limit"):  # an AleaModel: a max_len past its positions raises, not skips them all
+        max_len = model.decision_len_limit(max_len)
     taus = list(model.config.taus)
     factories = env_factories(envs)
     counts = _episode_counts(episodes, factories)
@@ -134,7 +129,7 @@ def evaluation_sums(
         for i in mine:
             for policy in ("random", "oracle"):
                 rng, pick = np.random.default_rng([seed, env_idx, i]), np.random.default_rng([seed, env_idx, i, 1])
-                add(f"{name}/{policy}", _baseline_return(factory(), rng, policy, pick))
+                add(f"{name}/{policy}", baseline_return(factory(), rng, policy, pick))
         live = [factory().reset(np.random.default_rng([seed, env_idx, i])) for i in mine]
         returns, dropped = [0.0] * len(live), set()
         regress_seen: list = []  # (question, answer, target) of regress questions, scored against climatology below
@@ -233,6 +228,16 @@ def table_from_means(means: dict[str, float]) -> dict[str, dict[str, float]]:
     return dict(table)
 
 
+def table_metrics(table: dict[str, dict[str, float]], prefix: str = "eval") -> dict[str, float]:
+    """A table as flat metrics: ``<prefix>_<env>/<figure>`` (undefined figures, NaN, left out) and
+    ``<prefix>_normalized_score``, the mean over envs of the defined normalised scores."""
+    metrics = {f"{prefix}_{env}/{k}": v for env, row in table.items() for k, v in row.items() if v == v}
+    scores = [v for row in table.values() if (v := row.get("normalized_score", float("nan"))) == v]
+    if scores:
+        metrics[f"{prefix}_normalized_score"] = sum(scores) / len(scores)
+    return metrics
+
+
 def format_table(table: dict[str, dict[str, float]]) -> str:
     """A plain-text table of :func:`evaluate_policy` results: one row per env, returns and normalised score, dense
     envs' expected score and regret, and the skill of each report qtype."""
@@ -253,4 +258,4 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["evaluate_policy", "evaluation_sums", "format_table", "table_from_means"]
+__all__ = ["evaluate_policy", "evaluation_sums", "format_table", "table_from_means", "table_metrics"]

@@ -11,11 +11,14 @@ Design decisions:
    pretrained backbone computes exactly what it did before at step 0. N-grams follow ``prev_ids`` from packing, so
    they see the same history packed and unpacked.
 5. The config (``configuration_alea.py``) nests the backbone's; a checkpoint is one ``config.json`` + safetensors
-   and loads with ``AutoModel.from_pretrained`` after ``import alea_trl``.
+   and loads with ``AutoModel.from_pretrained`` after ``import alea_trl`` (registration on import: transformers has
+   no plugin entry point, and a config ``auto_map`` would need ``trust_remote_code``). A LoRA output loads through
+   ``from_pretrained`` too (``loading.py``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -127,11 +130,25 @@ class AleaModel(AleaPreTrainedModel):
         self.post_init()
 
     @classmethod
-    def from_pretrained(cls, *args, **kwargs) -> AleaModel:
-        """``PreTrainedModel.from_pretrained``; checkpoints whose extras were saved under their former names
-        (``ngram`` / ``ngram2``) load into ``bigram`` / ``trigram``."""
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs) -> AleaModel:
+        """``PreTrainedModel.from_pretrained``, and:
+
+        - a LoRA output of the trainer (a peft adapter folder with the Alea ``config.json``) loads onto the base its
+          ``adapter_config.json`` names, as a ``peft.PeftModel`` (``.merge_and_unload()`` gives a plain
+          ``AleaModel`` to save as a full checkpoint);
+        - a name meant as a local path that does not exist raises `ValueError` at once, naming it;
+        - checkpoints whose extras were saved under their former names (``ngram`` / ``ngram2``) load into
+          ``bigram`` / ``trigram``.
+        """
+        from .loading import check_model_path, is_adapter_folder, load_adapter_model
+
+        path = check_model_path(
+            pretrained_model_name_or_path, "AleaModel.from_pretrained", "pretrained_model_name_or_path"
+        )
+        if is_adapter_folder(path, **kwargs):
+            return load_adapter_model(path, **kwargs)
         kwargs.setdefault("key_mapping", _LEGACY_KEYS)
-        return super().from_pretrained(*args, **kwargs)
+        return super().from_pretrained(path, *args, **kwargs)
 
     @classmethod
     def from_backbone(cls, name_or_path_or_config, backbone_kwargs: dict | None = None, **head_kwargs) -> AleaModel:
@@ -139,8 +156,8 @@ class AleaModel(AleaPreTrainedModel):
 
         Args:
             name_or_path_or_config (`str`, `os.PathLike` or `PreTrainedConfig`):
-                A Hub id or local directory of a pretrained decoder (its weights are loaded), or a config (the
-                backbone is randomly initialised).
+                A Hub id or local directory of a pretrained decoder (its weights are loaded and the config records it as
+                ``backbone_name_or_path``), or a config (the backbone is randomly initialised).
             backbone_kwargs (`dict`, *optional*):
                 Passed to ``AutoModel.from_pretrained`` / ``from_config`` (e.g. ``dtype``, ``attn_implementation``).
             **head_kwargs: [`AleaConfig`] fields (``max_score_bins``, ``use_aux_embed``, ...).
@@ -150,6 +167,7 @@ class AleaModel(AleaPreTrainedModel):
             backbone = AutoModel.from_config(name_or_path_or_config, **backbone_kwargs)
         else:
             backbone = AutoModel.from_pretrained(name_or_path_or_config, **backbone_kwargs)
+            head_kwargs.setdefault("backbone_name_or_path", os.fspath(name_or_path_or_config))
         # the composite config propagates its attention implementation to the backbone's: keep the backbone's
         attn = backbone.config._attn_implementation
         config = AleaConfig(text_config=backbone.config, attn_implementation=attn, **head_kwargs)
@@ -254,6 +272,17 @@ class AleaModel(AleaPreTrainedModel):
             results.append(answers)
         return results
 
+    def decision_len_limit(self, max_len: int | None = None) -> int | None:
+        """The most tokens a packed decision may have: ``max_len``, by default the backbone's
+        ``max_position_embeddings``; a ``max_len`` past the backbone's positions raises `ValueError`."""
+        limit = getattr(self.config.get_text_config(), "max_position_embeddings", None)
+        if max_len is not None and limit is not None and max_len > limit:
+            raise ValueError(
+                f"AleaModel: field 'max_len': {max_len} tokens is more than the backbone's max_position_embeddings "
+                f"({limit}); a decision that long would run past the positions the backbone knows"
+            )
+        return limit if max_len is None else max_len
+
     @torch.no_grad()
     def predict(
         self,
@@ -267,7 +296,8 @@ class AleaModel(AleaPreTrainedModel):
         Args:
             decisions (`Sequence[Decision]`): the decision points.
             tokenizer: the tokenizer of the backbone.
-            max_len (`int`, *optional*): raise `ValueError` for decisions that pack to more tokens.
+            max_len (`int`, *optional*): raise `ValueError` for decisions that pack to more tokens; defaults to the
+                backbone's ``max_position_embeddings``, and may not exceed it.
             batch_size (`int`, defaults to 16): decisions per forward.
 
         Returns:
@@ -275,6 +305,7 @@ class AleaModel(AleaPreTrainedModel):
             the options / bins, noul answers as the float p_yes, regress answers as a tensor of quantiles at
             ``config.taus``.
         """
+        max_len = self.decision_len_limit(max_len)
         was_training = self.training
         self.eval()
         pad_id = pad_token_id(tokenizer)
@@ -282,7 +313,7 @@ class AleaModel(AleaPreTrainedModel):
         for start in range(0, len(decisions), batch_size):
             chunk = decisions[start : start + batch_size]
             packed = [pack_request(tokenizer, d.state, d.questions, max_len=max_len, env=d.env) for d in chunk]
-            batch = collate_segments(packed, pad_id or 0).to(self.device)
+            batch = collate_segments(packed, pad_id).to(self.device)
             output = self(**batch.model_inputs())
             results += self.answers_from_output(output, batch.questions)
         self.train(was_training)

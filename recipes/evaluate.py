@@ -3,12 +3,16 @@
 Usage:
 
 ```bash
+python recipes/evaluate.py --model_name_or_path runs/quickstart
 python recipes/evaluate.py --model_name_or_path runs/alea-qwen3 --envs kelly nim --episodes 200
-python recipes/evaluate.py --config recipes/configs/evaluate.yaml --seed 1
+python recipes/evaluate.py --config recipes/configs/evaluate.yaml --seed 5
 ```
 
-Writes ``eval_results.json`` (the table of ``evaluate_policy``), ``reliability.png`` (noul forecasts against the
-oracle probabilities) and ``env_scores.png`` (normalised scores and report skills) into ``output_dir``.
+The model is a full checkpoint or a LoRA output (loaded onto the base its adapter names), local or on the Hub. By
+default the envs, episodes and seed are those of the run's own final evaluation (its ``eval_results.json``), so the
+table repeats the one in its model card; the script says which it plays. Writes ``eval_results.json`` (the table of
+``evaluate_policy``), ``reliability.png`` (noul forecasts against the oracle probabilities) and ``env_scores.png``
+(normalised scores and report skills) into ``output_dir``.
 """
 
 import argparse
@@ -27,16 +31,19 @@ class EvaluateArguments:
     Parameters:
         model_name_or_path (`str`):
             Local directory or Hub id of a saved Alea model (and its tokenizer).
-        envs (`list[str]`, *optional*, defaults to the five built-in envs):
-            Registered env names to evaluate on.
-        episodes (`int`, *optional*, defaults to `100`):
-            Episodes per env (the policy, random and oracle play the same seeded episodes).
-        seed (`int`, *optional*, defaults to `0`):
-            Seed of the episodes and of sampled actions.
+        envs (`list[str]`, *optional*):
+            Registered env names to evaluate on; by default the run's (its ``eval_results.json``), else the five
+            built-in envs.
+        episodes (`int`, *optional*):
+            Episodes per env (the policy, random and oracle play the same seeded episodes); by default the run's,
+            else 100.
+        seed (`int`, *optional*):
+            Seed of the episodes and of sampled actions; by default the run's, else 0.
         greedy (`bool`, *optional*, defaults to `True`):
             Take the argmax action; `--greedy false` samples from the act head.
-        max_len (`int`, *optional*, defaults to `2048`):
-            Decisions packing to more tokens end their episode (counted as skipped).
+        max_len (`int`, *optional*):
+            Decisions packing to more tokens end their episode (counted as skipped); by default the backbone's
+            ``max_position_embeddings``.
         batch_size (`int`, *optional*, defaults to `16`):
             Decisions per forward pass.
         output_dir (`str` or `None`, *optional*, defaults to `None`):
@@ -46,19 +53,23 @@ class EvaluateArguments:
     model_name_or_path: str = field(
         metadata={"help": "Local directory or Hub id of a saved Alea model (and its tokenizer)."}
     )
-    envs: list[str] = field(
-        default_factory=lambda: list(BUILTIN_ENVS), metadata={"help": "Registered env names to evaluate on."}
+    envs: list[str] | None = field(
+        default=None,
+        metadata={"help": "Registered env names to evaluate on (default: the run's, else the five built-in envs)."},
     )
-    episodes: int = field(
-        default=100,
-        metadata={"help": "Episodes per env (the policy, random and oracle play the same seeded episodes)."},
+    episodes: int | None = field(
+        default=None,
+        metadata={
+            "help": "Episodes per env, the same seeded episodes for all three policies (default: the run's, else 100)."
+        },
     )
-    seed: int = field(default=0, metadata={"help": "Seed of the episodes and of sampled actions."})
+    seed: int | None = field(default=None, metadata={"help": "Seed of the episodes (default: the run's, else 0)."})
     greedy: bool = field(
         default=True, metadata={"help": "Take the argmax action; `--greedy false` samples from the act head."}
     )
-    max_len: int = field(
-        default=2048, metadata={"help": "Decisions packing to more tokens end their episode (counted as skipped)."}
+    max_len: int | None = field(
+        default=None,
+        metadata={"help": "Decisions packing to more tokens end their episode (default: the backbone's positions)."},
     )
     batch_size: int = field(default=16, metadata={"help": "Decisions per forward pass."})
     output_dir: str | None = field(
@@ -67,32 +78,65 @@ class EvaluateArguments:
     )
 
     def __post_init__(self):
-        if self.episodes < 1:
-            raise ValueError(f"EvaluateArguments: episodes={self.episodes}; evaluate at least one episode per env")
-        if not self.envs:
-            raise ValueError("EvaluateArguments: envs is empty; name at least one env (e.g. --envs kelly nim)")
+        if self.episodes is not None and self.episodes < 1:
+            raise ValueError(
+                f"EvaluateArguments: field 'episodes': {self.episodes}; evaluate at least one episode per env"
+            )
+        if self.envs is not None and not self.envs:
+            raise ValueError("EvaluateArguments: field 'envs' is empty; name at least one env (e.g. --envs kelly nim)")
+
+
+def run_settings(model_name_or_path: str) -> dict:
+    """How the run's own final evaluation was played (``eval_settings/*`` of its ``eval_results.json``), if the model
+    is a local run that has one."""
+    path = os.path.join(model_name_or_path, "eval_results.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        saved = json.load(f)
+    return {k.split("/", 1)[1]: v for k, v in saved.items() if k.startswith("eval_settings/")}
+
+
+def resolve_settings(args: EvaluateArguments) -> tuple[list[str], dict, int | dict, int, str]:
+    """``(envs, env_kwargs, episodes, seed, where they come from)``: each given argument, else the run's, else the
+    default (the built-in envs, 100 episodes, seed 0)."""
+    run = run_settings(args.model_name_or_path)
+    envs = list(args.envs) if args.envs is not None else run.get("envs", list(BUILTIN_ENVS))
+    episodes = args.episodes if args.episodes is not None else run.get("episodes", 100)
+    seed = args.seed if args.seed is not None else run.get("seed", 0)
+    kwargs = {name: kw for name, kw in run.get("env_kwargs", {}).items() if name in envs}
+    taken = [
+        name
+        for name, given in (("envs", args.envs), ("episodes", args.episodes), ("seed", args.seed))
+        if given is None
+    ]
+    source = "the run's eval_results.json" if run else "the defaults"
+    where = f"{', '.join(taken)} from {source}" if taken else "all given"
+    return envs, kwargs, episodes, seed, where
 
 
 def main(args: EvaluateArguments) -> dict[str, dict[str, float]]:
     import torch
     from transformers import AutoTokenizer
 
-    import alea_trl  # noqa: F401  (registers the Alea config with the Auto classes)
     from alea_trl import AleaModel
+    from alea_trl.envs import env_factories
     from alea_trl.evaluation import evaluate_policy, format_table
     from alea_trl.plots import env_scores_bar, reliability_diagram
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AleaModel.from_pretrained(args.model_name_or_path).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    envs, env_kwargs, episodes, seed, where = resolve_settings(args)
+    print(f"Evaluating {envs}, {episodes} episodes per env, seed {seed} ({where})")
 
     forecasts: list = []
     table = evaluate_policy(
         model,
         tokenizer,
-        list(args.envs),
-        episodes=args.episodes,
-        seed=args.seed,
+        env_factories(envs, env_kwargs),
+        episodes=episodes,
+        seed=seed,
         greedy=args.greedy,
         max_len=args.max_len,
         batch_size=args.batch_size,
@@ -112,7 +156,7 @@ def main(args: EvaluateArguments) -> dict[str, dict[str, float]]:
         forecasts, os.path.join(output_dir, "reliability.png"), title=f"{name}: noul reliability"
     )
     scores = env_scores_bar(
-        table, os.path.join(output_dir, "env_scores.png"), title=f"{name}: {args.episodes} episodes per env"
+        table, os.path.join(output_dir, "env_scores.png"), title=f"{name}: {episodes} episodes per env"
     )
     print(f"Results written to {results_path}\nFigures written to {reliability} and {scores}")
     return table

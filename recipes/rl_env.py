@@ -6,19 +6,22 @@
 
 Any field of AleaEnvGRPOConfig (and GRPOConfig / TrainingArguments), ModelConfig or ScriptArguments can be set in
 the YAML or overridden on the command line (`--max_steps 50 --train_mode lora`). The run trains, evaluates the
-policy on every env (greedy, paired with random and oracle play), saves the model with its tokenizer and a model
-card holding the evaluation table, and pushes it to the Hub when `push_to_hub` is set.
+policy on every env (greedy, paired with random and oracle play; `eval_results.json` records the figures and the
+episodes), saves the model with its tokenizer and a model card, and pushes it to the Hub when `push_to_hub` is set:
+the model is saved before any network call, and an unreachable Hub ends the run with one message saying so.
 """
 
+import sys
 from dataclasses import dataclass, field
 
-import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 from trl import ModelConfig, TrlParser, get_peft_config
 
-from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
+from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer
 from alea_trl.evaluation import format_table
+from alea_trl.loading import load_model, model_init_kwargs_from
 from alea_trl.trainer.distributed import end_distributed
+from alea_trl.trainer.hub import HubPushError
 from alea_trl.trainer.model_setup import extra_switches
 
 
@@ -35,27 +38,15 @@ class ScriptArguments:
     )
 
 
-def build_model(script_args: ScriptArguments, training_args: AleaEnvGRPOConfig, model_args: ModelConfig):
-    """The `model` argument of the trainer: a path / Hub id, or a fresh model around a config-built backbone."""
-    if not script_args.init_from_config:
-        if model_args.dtype or model_args.attn_implementation:
-            training_args.model_init_kwargs = {
-                **(training_args.model_init_kwargs or {}),
-                **({"dtype": model_args.dtype} if model_args.dtype else {}),
-                **({"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}),
-            }
-        return model_args.model_name_or_path
-    config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
-    dtype = model_args.dtype if model_args.dtype not in (None, "auto") else torch.float32
-    backbone_kwargs = {"dtype": getattr(torch, dtype) if isinstance(dtype, str) else dtype}
-    if model_args.attn_implementation:
-        backbone_kwargs["attn_implementation"] = model_args.attn_implementation
-    return AleaModel.from_backbone(config, backbone_kwargs=backbone_kwargs, **extra_switches(training_args))
-
-
 def main(script_args: ScriptArguments, training_args: AleaEnvGRPOConfig, model_args: ModelConfig) -> dict:
+    model = load_model(
+        model_args.model_name_or_path,
+        init_from_config=script_args.init_from_config,
+        model_init_kwargs=model_init_kwargs_from(model_args, training_args.model_init_kwargs),
+        extras=extra_switches(training_args),
+        who="rl_env.py",
+    )
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
-    model = build_model(script_args, training_args, model_args)
     peft_config = get_peft_config(model_args)
     if peft_config is not None:
         training_args.train_mode = "lora"
@@ -64,16 +55,14 @@ def main(script_args: ScriptArguments, training_args: AleaEnvGRPOConfig, model_a
 
     table = {}
     if script_args.final_eval_episodes > 0:
-        training_args.eval_episodes = script_args.final_eval_episodes
-        trainer.evaluate()
+        trainer.evaluate(episodes=script_args.final_eval_episodes)
         table = trainer.last_eval_table
+        trainer.save_evaluation(env_kwargs=training_args.env_kwargs or {})  # eval_results.json
         if trainer.accelerator.is_main_process:
             print("\n" + format_table(table))
     trainer.save_model(training_args.output_dir)
+    trainer.create_model_card()
     if trainer.accelerator.is_main_process:
-        trainer.create_model_card(
-            model_name=training_args.hub_model_id or training_args.output_dir.rstrip("/").split("/")[-1]
-        )
         print(f"saved to {training_args.output_dir}")
     if training_args.push_to_hub:
         trainer.push_to_hub()
@@ -85,5 +74,8 @@ def make_parser() -> TrlParser:
 
 
 if __name__ == "__main__":
-    main(*make_parser().parse_args_and_config())
+    try:
+        main(*make_parser().parse_args_and_config())
+    except HubPushError as err:  # one message: the endpoint, the reason and what was saved where
+        sys.exit(f"rl_env.py: {err}")
     end_distributed()  # after main's trainer is gone (see alea_trl/trainer/distributed.py)

@@ -6,21 +6,24 @@
 Decisions come from rollouts of the envs under a behaviour policy mixing oracle and random actions; their targets
 are the oracles' (act: a softmax of the exact expected rewards, or the oracle action; reports: the exact answers).
 The dataset is a `datasets.Dataset` (saved with `save_to_disk` when `dataset_dir` is set, pushed with
-`dataset_hub_id`); the trained model (an `AleaModel` with its tokenizer) is what `rl_env.py` takes as `model_name_or_path`.
+`dataset_hub_id`); the trained model (an `AleaModel` with its tokenizer and a model card holding a greedy evaluation
+of the envs) is what `rl_env.py` takes as `model_name_or_path`.
 """
 
 import os
+import sys
 from dataclasses import dataclass, field
 
-import torch
 from datasets import load_from_disk
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 from trl import ModelConfig, TrlParser
 
-from alea_trl import AleaModel
 from alea_trl.decision_data import collect_decisions
 from alea_trl.envs import BUILTIN_ENVS
+from alea_trl.evaluation import format_table
+from alea_trl.loading import load_model, model_init_kwargs_from
 from alea_trl.trainer.distributed import end_distributed
+from alea_trl.trainer.hub import HubPushError
 from alea_trl.trainer.model_setup import extra_switches
 from alea_trl.trainer.sft_trainer import AleaSFTConfig, AleaSFTTrainer
 
@@ -46,6 +49,9 @@ class SFTScriptArguments:
     use_aux_embed: bool = field(default=False, metadata={"help": "New models: zero-initialised role embeddings."})
     use_bigram: bool = field(default=False, metadata={"help": "New models: hashed bigram embedding."})
     use_trigram: bool = field(default=False, metadata={"help": "New models: hashed trigram embedding."})
+    final_eval_episodes: int = field(
+        default=100, metadata={"help": "Episodes per env of the greedy evaluation after training (0 to skip)."}
+    )
 
 
 def build_dataset(script_args: SFTScriptArguments, seed: int):
@@ -65,28 +71,25 @@ def build_dataset(script_args: SFTScriptArguments, seed: int):
     return dataset
 
 
-def build_model(script_args: SFTScriptArguments, model_args: ModelConfig) -> AleaModel:
-    path = model_args.model_name_or_path
-    dtype = model_args.dtype if model_args.dtype not in (None, "auto") else "float32"
-    kwargs = {"dtype": getattr(torch, dtype)}
-    if model_args.attn_implementation:
-        kwargs["attn_implementation"] = model_args.attn_implementation
-    heads = extra_switches(script_args)
-    config = AutoConfig.from_pretrained(path, revision=model_args.model_revision)
-    if config.model_type == "alea":
-        return AleaModel.from_pretrained(path, revision=model_args.model_revision, **kwargs)
-    if script_args.init_from_config:
-        return AleaModel.from_backbone(config, backbone_kwargs=kwargs, **heads)
-    return AleaModel.from_backbone(path, backbone_kwargs={"revision": model_args.model_revision, **kwargs}, **heads)
-
-
 def main(script_args: SFTScriptArguments, training_args: AleaSFTConfig, model_args: ModelConfig) -> AleaSFTTrainer:
+    model = load_model(
+        model_args.model_name_or_path,
+        init_from_config=script_args.init_from_config,
+        model_init_kwargs=model_init_kwargs_from(model_args),
+        extras=extra_switches(script_args),
+        who="sft.py",
+    )
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
     dataset = build_dataset(script_args, training_args.seed)
-    model = build_model(script_args, model_args)
     trainer = AleaSFTTrainer(model, args=training_args, train_dataset=dataset, processing_class=tokenizer)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    if script_args.final_eval_episodes > 0:
+        table = trainer.evaluate_envs(script_args.envs, episodes=script_args.final_eval_episodes)
+        trainer.save_evaluation()  # eval_results.json
+        if trainer.accelerator.is_main_process:
+            print("\n" + format_table(table))
     trainer.save_model(training_args.output_dir)
+    trainer.create_model_card()
     if training_args.push_to_hub:
         trainer.push_to_hub()
     return trainer
@@ -97,5 +100,8 @@ def make_parser() -> TrlParser:
 
 
 if __name__ == "__main__":
-    main(*make_parser().parse_args_and_config())
+    try:
+        main(*make_parser().parse_args_and_config())
+    except HubPushError as err:  # one message: the endpoint, the reason and what was saved where
+        sys.exit(f"sft.py: {err}")
     end_distributed()  # after main's trainer is gone (see alea_trl/trainer/distributed.py)

@@ -12,17 +12,7 @@ import json
 import numpy as np
 
 from . import list_envs, make_env
-
-
-def play(env, rng: np.random.Generator, policy: str, pick: np.random.Generator) -> float:
-    """Play one episode with ``policy`` (``"random"`` or ``"oracle"``); return the sum of rewards."""
-    env.reset(rng)
-    total = 0.0
-    while not env.done:
-        a = env.oracle_action() if policy == "oracle" else int(pick.integers(env.observe().n_legal))
-        reward, _ = env.step(a)
-        total += reward
-    return total
+from .play import baseline_return
 
 
 def policy_table(envs: list[str], episodes: int, seed: int = 0) -> dict:
@@ -33,7 +23,7 @@ def policy_table(envs: list[str], episodes: int, seed: int = 0) -> dict:
         for policy in ("random", "oracle"):
             returns = np.array(
                 [
-                    play(env, np.random.default_rng([seed, i]), policy, np.random.default_rng([seed, i, 1]))
+                    baseline_return(env, np.random.default_rng([seed, i]), policy, np.random.default_rng([seed, i, 1]))
                     for i in range(episodes)
                 ]
             )

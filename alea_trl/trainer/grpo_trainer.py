@@ -21,7 +21,7 @@ import time
 import torch
 from datasets import Dataset
 from torch.utils.data import SequentialSampler
-from transformers import AutoTokenizer, set_seed
+from transformers import set_seed
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 from trl.trainer.callbacks import SyncRefModelCallback
@@ -33,16 +33,17 @@ from .completions_log import CompletionsLog
 from .config import AleaEnvGRPOConfig
 from .entropy import EntropyControl
 from .forward import PolicyForward, act_rows
-from .greedy_evaluation import GreedyEvaluation
+from .greedy_evaluation import GreedyEvaluation, periodic_evaluation
+from .hub import HubOutputs, push_at_init
 from .loss import grpo_loss
 from .loss_inputs import rows_to_inputs, sampled_forward_inputs
 from .metrics import gathered_means, loss_sums, rollout_sums, staleness_sums, stop_if_not_finite, token_sums
-from .model_card import append_evaluation, card_tags
 from .model_setup import (
     apply_train_mode,
     grouped_optimizer,
     lora_config,
     resolve_model,
+    resolve_tokenizer,
 )
 from .policy_loss import Collectives, PolicyObjective
 from .pool import EpisodePool, np_rng_for_rank
@@ -51,7 +52,9 @@ from .rollout import Rollout
 from .trl_init import check_router_aux_loss, grpo_init_guards, rewards_come_from_envs, undo_fused_lm_head
 
 
-class AleaEnvGRPOTrainer(CrashSafeCheckpoints, EntropyControl, CompletionsLog, GreedyEvaluation, GRPOTrainer):
+class AleaEnvGRPOTrainer(
+    HubOutputs, CrashSafeCheckpoints, EntropyControl, CompletionsLog, GreedyEvaluation, GRPOTrainer
+):
     """GRPO over decision points of environments, without text generation.
 
     What differs from [`~trl.GRPOTrainer`]:
@@ -68,6 +71,8 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, EntropyControl, CompletionsLog, G
     - checkpoints also carry the episode pool, so ``resume_from_checkpoint`` continues the same episodes;
     - ``evaluate()`` plays ``eval_episodes`` greedy episodes per env and logs return, normalised score and report
       losses.
+    - the model card is Alea's (quick start, envs' questions, evaluation as ``model-index``), LoRA outputs name their
+      base, and ``push_to_hub`` saves locally before any network call (``hub.py``).
     Everything else (``train``, ``save_model``, ``push_to_hub``, callbacks, ``report_to``, gradient accumulation,
     ``num_iterations`` buffering, accelerate / DeepSpeed / FSDP placement, PEFT) is TRL's.
 
@@ -105,16 +110,10 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, EntropyControl, CompletionsLog, G
             raise ValueError(f"AleaEnvGRPOTrainer: field 'args': needs an AleaEnvGRPOConfig, got {type(args)}")
         factories = make_env_factories(args.envs, args.env_kwargs, extra=env_factories)
         set_seed(args.seed)
-        from_path, model = isinstance(model, str), resolve_model(model, args)
+        model_arg, model = model, resolve_model(model, args)
         check_router_aux_loss(model, args)
         taus = list(model.config.taus)
-        if processing_class is None:  # as TRL loads it: the model's revision and trust_remote_code
-            init_kwargs = args.model_init_kwargs or {}
-            processing_class = AutoTokenizer.from_pretrained(
-                model.config._name_or_path or model.name_or_path,
-                revision=init_kwargs.get("revision") if from_path else None,
-                trust_remote_code=init_kwargs.get("trust_remote_code", args.trust_remote_code),
-            )
+        processing_class = resolve_tokenizer(model, processing_class, args, model_arg)
         if args.train_mode == "lora":
             peft_config = lora_config(model, args, base=peft_config)
         elif peft_config is not None:
@@ -125,7 +124,7 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, EntropyControl, CompletionsLog, G
         # the placeholder dataset only paces Trainer's loop: one pass over it is the whole run
         n_slots = args.generation_batch_size * args.gradient_accumulation_steps * args.num_iterations * args.max_steps
         placeholder = Dataset.from_dict({"decision_slot": list(range(n_slots))})
-        with grpo_init_guards(model, args):
+        with grpo_init_guards(model, args), periodic_evaluation(args, factories), push_at_init(args):
             super().__init__(
                 model=model,
                 reward_funcs=rewards_come_from_envs,
@@ -331,14 +330,6 @@ class AleaEnvGRPOTrainer(CrashSafeCheckpoints, EntropyControl, CompletionsLog, G
                 "optimizer step, so no weight was changed"
             )
         return grad_norm
-
-    # ------------------------------------------------------------------------------------------------ model card
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's model card, tagged with ``alea`` and the env names, with the last evaluation table appended."""
-        tags = card_tags(tags, self.env_factories)
-        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        if self.is_world_process_zero():
-            append_evaluation(self.args.output_dir, getattr(self, "last_eval_table", None))
 
 
 __all__ = ["COMPLETE_MARKER", "POOL_STATE_NAME", "AleaEnvGRPOTrainer", "last_complete_checkpoint"]

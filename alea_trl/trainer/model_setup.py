@@ -2,7 +2,8 @@
 
 Design decisions:
 1. ``model`` may be a backbone id or path (fresh heads via ``AleaModel.from_backbone``), an Alea checkpoint (loaded
-   with ``from_pretrained``: this is the seed's ``--init``), or an ``AleaModel``.
+   with ``from_pretrained``: this is the seed's ``--init``), or an ``AleaModel``: ``alea_trl.loading.load_model``
+   builds it, as it does for the recipes.
 2. ``tail`` trains the last ``tail_k`` decoder layers and everything after them (the final norm), never the token
    embeddings; the heads and the extras always train.
 3. ``lora`` puts LoRA adapters (peft) on every linear layer of the last ``tail_k`` decoder layers and trains the heads
@@ -14,9 +15,10 @@ Design decisions:
 from __future__ import annotations
 
 from torch import nn
-from transformers import AutoConfig
+from transformers import AutoTokenizer
 
 from ..configuration_alea import EXTRA_EMBEDDINGS
+from ..loading import check_extras, check_model_path, hub_kwargs, is_adapter_folder, load_model
 from ..modeling_alea import AleaModel
 
 
@@ -25,39 +27,53 @@ EXTRAS = tuple(EXTRA_EMBEDDINGS.values())
 
 
 def resolve_model(model, args) -> AleaModel:
-    """An ``AleaModel`` from the trainer's ``model`` argument (see the module docstring)."""
-    if isinstance(model, AleaModel):
-        return _check_extras(model, args)
-    if not isinstance(model, str):
+    """An ``AleaModel`` from the trainer's ``model`` argument (see the module docstring), checked against ``args``:
+    the extras it asks for and ``max_len`` (at most the backbone's positions)."""
+    who = "AleaEnvGRPOTrainer"
+    if isinstance(model, str):
+        if is_adapter_folder(check_model_path(model, who, "model"), **hub_kwargs(args.model_init_kwargs or {})):
+            raise ValueError(
+                f"{who}: field 'model': {model} is a LoRA adapter; merge it into a full checkpoint first "
+                "(AleaModel.from_pretrained(path).merge_and_unload().save_pretrained(new_path)) and pass that"
+            )
+        init_kwargs = args.model_init_kwargs
+        model = load_model(model, model_init_kwargs=init_kwargs, extras=extra_switches(args), who=who, field="model")
+    elif not isinstance(model, AleaModel):
+        raise ValueError(f"{who}: field 'model': expected a model id or path, or an AleaModel, got {type(model)}")
+    check_extras(model, extra_switches(args), who)
+    model.decision_len_limit(args.max_len)
+    return model
+
+
+def resolve_tokenizer(model: AleaModel, processing_class, args, model_arg):
+    """The trainer's tokenizer: ``processing_class`` when given, else loaded (as TRL does: the model's revision and
+    ``trust_remote_code``) from where the model came from: the ``model`` path, the Alea checkpoint, the pretrained
+    backbone, or the directory whose config built the backbone. A model with none of these raises `ValueError`."""
+    if processing_class is not None:
+        return processing_class
+    from_path = isinstance(model_arg, str)
+    source = (
+        (model_arg if from_path else None)
+        or model.config._name_or_path
+        or model.config.backbone_name_or_path
+        or model.config.get_text_config()._name_or_path
+    )
+    if not source:
         raise ValueError(
-            f"AleaEnvGRPOTrainer: field 'model': expected a model id or path, or an AleaModel, got {type(model)}"
+            "AleaEnvGRPOTrainer: field 'processing_class': the model was built in memory from a config, so there is "
+            "no path to load its tokenizer from; pass processing_class=AutoTokenizer.from_pretrained(...)"
         )
-    init_kwargs = dict(args.model_init_kwargs or {})
-    if AutoConfig.from_pretrained(model, **_hub_kwargs(init_kwargs)).model_type == "alea":
-        return _check_extras(AleaModel.from_pretrained(model, **init_kwargs), args)
-    return AleaModel.from_backbone(model, backbone_kwargs=init_kwargs, **extra_switches(args))
+    init_kwargs = args.model_init_kwargs or {}
+    return AutoTokenizer.from_pretrained(
+        source,
+        revision=init_kwargs.get("revision") if from_path else None,
+        trust_remote_code=init_kwargs.get("trust_remote_code", args.trust_remote_code),
+    )
 
 
 def extra_switches(args) -> dict[str, bool]:
     """The input-side extras a config (``AleaEnvGRPOConfig`` or a script's arguments) asks new models to have."""
     return {switch: getattr(args, switch) for switch in EXTRA_EMBEDDINGS}
-
-
-def _check_extras(model: AleaModel, args) -> AleaModel:
-    """An existing Alea model keeps its own extras: a ``use_*`` switch asking for one it lacks is an error, not a
-    silent no-op."""
-    for field_name, module in EXTRA_EMBEDDINGS.items():
-        if getattr(args, field_name) and getattr(model, module, None) is None:
-            raise ValueError(
-                f"AleaEnvGRPOTrainer: field '{field_name}': the given Alea model has no {module} table and the switch "
-                "only shapes new models built from a backbone; build the model with "
-                f"AleaModel.from_backbone(..., {field_name}=True) or set {field_name}=False"
-            )
-    return model
-
-
-def _hub_kwargs(init_kwargs: dict) -> dict:
-    return {k: v for k, v in init_kwargs.items() if k in ("revision", "trust_remote_code", "token", "cache_dir")}
 
 
 def decoder_layers(backbone: nn.Module) -> tuple[str, nn.ModuleList]:
@@ -179,4 +195,5 @@ __all__ = [
     "lora_config",
     "param_groups",
     "resolve_model",
+    "resolve_tokenizer",
 ]

@@ -1,4 +1,8 @@
-"""AleaSFTTrainer: supervised warm start on a decision dataset, with the same packing and scoring rules as RL."""
+"""AleaSFTTrainer: supervised warm start on a decision dataset, with the same packing and scoring rules as RL.
+
+Its outputs are those of the RL trainer (``hub.py``): an Alea model card and pushes that save locally first;
+``evaluate_envs`` plays the greedy evaluation of ``AleaEnvGRPOTrainer.evaluate`` for the card.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,13 @@ from transformers import Trainer, TrainingArguments
 
 from ..collate import collate_segments, pad_token_id
 from ..decision_data import decision_from_row
+from ..envs.registry import env_factories, list_envs
+from ..evaluation import evaluation_sums, table_from_means
 from ..packing import pack_request
 from ..questions import QTYPES
+from .hub import HubOutputs, push_at_init
 from .loss import supervised_loss
+from .metrics import gathered_means
 from .model_setup import apply_train_mode, grouped_optimizer
 
 
@@ -78,24 +86,62 @@ class DecisionCollator:
         return {"batch": collate_segments(packed, self.pad_id), "targets": targets, "act_targets": acts}
 
 
-class AleaSFTTrainer(Trainer):
+class AleaSFTTrainer(HubOutputs, Trainer):
     """Supervised training of an `AleaModel` on a decision dataset (see `alea_trl.decision_data`).
 
     What differs from [`~transformers.Trainer`]: rows are decisions packed by a `DecisionCollator`; the loss is
     ``act_w`` x log score of the act head against the act target + ``report_w`` x the proper-scoring report losses;
-    parameter groups use ``lr_head`` / ``learning_rate`` / ``lr_aux``; per-qtype losses are logged.
+    parameter groups use ``lr_head`` / ``learning_rate`` / ``lr_aux``; per-qtype losses are logged; the model card
+    is Alea's (its envs: the registered ones named in the dataset's ``env`` column, or those of ``evaluate_envs``)
+    and ``push_to_hub`` saves locally before any network call.
     """
+
+    _card_method = "sft"
 
     def __init__(
         self, model, args: AleaSFTConfig, train_dataset=None, eval_dataset=None, processing_class=None, **kwargs
     ):
         if processing_class is None:
             raise ValueError("AleaSFTTrainer: field 'processing_class': the tokenizer is required")
+        model.decision_len_limit(args.max_len)
         apply_train_mode(model, args.train_mode, args.tail_k)
         collator = DecisionCollator(processing_class, args.max_len)
         datasets = {"train_dataset": train_dataset, "eval_dataset": eval_dataset}
-        super().__init__(model, args, collator, processing_class=processing_class, **datasets, **kwargs)
+        with push_at_init(args):
+            super().__init__(model, args, collator, processing_class=processing_class, **datasets, **kwargs)
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+        names = (
+            train_dataset.unique("env") if train_dataset is not None and "env" in train_dataset.column_names else []
+        )
+        self.env_factories = env_factories([n for n in names if n in list_envs()])
+
+    def evaluate_envs(self, envs, episodes: int | dict[str, int] = 100, seed: int | None = None) -> dict:
+        """Play greedy episodes of ``envs`` (names or name -> factory), as ``AleaEnvGRPOTrainer.evaluate`` does, split
+        across processes; the table (returned) and its episodes and seed go to the model card.
+
+        Args:
+            envs (`list[str]` or `dict[str, Callable]`): the envs, which the model card then lists.
+            episodes (`int` or `dict[str, int]`, defaults to 100): episodes per env.
+            seed (`int`, *optional*): seed of the episodes (default ``args.seed + 1``).
+        """
+        model = self.accelerator.unwrap_model(self.model)
+        was_training = model.training
+        seed = self.args.seed + 1 if seed is None else seed
+        self.env_factories = env_factories(envs)
+        shard = (self.accelerator.process_index, self.accelerator.num_processes)
+        sums = evaluation_sums(
+            model.eval(),
+            self.processing_class,
+            self.env_factories,
+            episodes,
+            seed,
+            max_len=self.args.max_len,
+            shard=shard,
+        )
+        self.last_eval_table = table_from_means(gathered_means(self.accelerator, sums))
+        self.last_eval_settings = {"episodes": episodes, "seed": seed, "envs": list(self.env_factories)}
+        model.train(was_training)
+        return self.last_eval_table
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:

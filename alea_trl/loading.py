@@ -1,0 +1,237 @@
+"""Loading Alea models by name: one builder for the trainer and the recipes, LoRA outputs, clear errors for paths.
+
+Design decisions:
+1. :func:`load_model` is the one place that turns a ``model_name_or_path`` into a model: an Alea checkpoint (full, or
+   a LoRA output) is loaded; a plain decoder gets fresh heads (``AleaModel.from_backbone``); with
+   ``init_from_config`` the decoder is built from its config with random weights. A directory holding a config but no
+   weights is refused with the way to start from random weights, instead of failing inside transformers.
+2. A name meant as a local path (not a valid Hub id, or its first directory exists here) that does not exist fails at
+   once, naming it, instead of being looked up on the Hub with retries.
+3. A LoRA output is a peft adapter folder with the Alea ``config.json`` beside it, and ``adapter_config.json`` names
+   its base: the Alea checkpoint the run started from, or the pretrained backbone (heads and extras are saved in the
+   adapter as ``modules_to_save``, so fresh heads around that backbone are an exact base). A backbone with random
+   weights has no other copy, so the run saves it in the folder itself (``base_backbone/``) and names that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from transformers import AutoConfig, AutoModel
+from transformers.utils import (
+    ADAPTER_CONFIG_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    find_adapter_config_file,
+)
+
+from .configuration_alea import EXTRA_EMBEDDINGS, AleaConfig
+
+
+BASE_BACKBONE_DIR = "base_backbone"
+"""Where a LoRA output keeps its frozen backbone when that backbone had random weights (no other copy exists)."""
+
+# from_pretrained's keyword arguments that say where files come from (the rest shape the model)
+_HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "proxies", "subfolder")
+# the AleaConfig fields that shape the heads and extras (the rest describe the backbone)
+_HEAD_FIELDS = ("max_score_bins", "taus", "ngram_buckets", "initializer_range", *EXTRA_EMBEDDINGS)
+
+
+def hub_kwargs(kwargs: dict) -> dict:
+    """The keyword arguments of ``kwargs`` that say where files come from (revision, token, cache, ...)."""
+    return {k: v for k, v in kwargs.items() if k in _HUB_KWARGS}
+
+
+def check_model_path(name_or_path, who: str = "AleaModel", field: str = "model_name_or_path") -> str:
+    """``name_or_path`` as a string; a name meant as a local path that does not exist raises `ValueError` at once.
+
+    A name is meant as a local path when it is not a valid Hub id (``./x``, ``/abs/x``, ``a/b/c``) or when its first
+    directory exists here (``runs/missing`` while ``runs/`` exists).
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    name = os.fspath(name_or_path)
+    if os.path.exists(name):
+        return name
+    try:
+        validate_repo_id(name)
+        local = "/" in name and os.path.isdir(name.split("/")[0])
+    except HFValidationError:
+        local = True
+    if local:
+        raise ValueError(f"{who}: field '{field}': {name!r} does not exist (no such path: {os.path.abspath(name)})")
+    return name
+
+
+def has_weights(path: str) -> bool:
+    """Whether the local directory ``path`` holds model weights (single file or sharded, safetensors or torch)."""
+    names = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+    return any(os.path.isfile(os.path.join(path, n)) for n in names)
+
+
+def is_adapter_folder(name_or_path: str, **kwargs) -> bool:
+    """Whether ``name_or_path`` (a local directory or Hub id) is a peft adapter without full model weights."""
+    if (kwargs.get("adapter_kwargs") or {}).get("_adapter_model_path"):  # AutoModel found it already
+        return True
+    if os.path.isdir(name_or_path):
+        return os.path.isfile(os.path.join(name_or_path, ADAPTER_CONFIG_NAME)) and not has_weights(name_or_path)
+    return find_adapter_config_file(name_or_path, **hub_kwargs(kwargs)) is not None
+
+
+def torch_dtype(dtype, default=torch.float32):
+    """A ``torch.dtype`` from a dtype, its name (``"bfloat16"``) or ``None`` / ``"auto"`` (``default``)."""
+    if dtype is None or dtype == "auto":
+        return default
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def check_extras(model, extras: dict | None, who: str):
+    """An existing Alea model keeps its own extras: a ``use_*`` switch asking for one it lacks is an error, not a
+    silent no-op."""
+    for field_name, module in EXTRA_EMBEDDINGS.items():
+        if (extras or {}).get(field_name) and getattr(model, module, None) is None:
+            raise ValueError(
+                f"{who}: field '{field_name}': the given Alea model has no {module} table and the switch only shapes "
+                f"new models built from a backbone; build the model with AleaModel.from_backbone(..., "
+                f"{field_name}=True) or set {field_name}=False"
+            )
+    return model
+
+
+def model_init_kwargs_from(model_args, base: dict | None = None) -> dict:
+    """``from_pretrained`` keyword arguments from TRL's ``ModelConfig`` (``model_revision``, ``dtype``,
+    ``attn_implementation``) over ``base`` (e.g. a config's ``model_init_kwargs``)."""
+    kwargs = {**(base or {}), "revision": model_args.model_revision}
+    for key in ("dtype", "attn_implementation"):
+        if getattr(model_args, key, None):
+            kwargs[key] = getattr(model_args, key)
+    return kwargs
+
+
+def load_model(
+    name_or_path,
+    *,
+    init_from_config: bool = False,
+    model_init_kwargs: dict | None = None,
+    extras: dict | None = None,
+    who: str = "load_model",
+    field: str = "model_name_or_path",
+):
+    """The model a trainer or recipe starts from (see the module docstring).
+
+    Args:
+        name_or_path (`str` or `os.PathLike`): an Alea checkpoint or LoRA output, or a plain decoder (Hub id or
+            local directory).
+        init_from_config (`bool`, defaults to `False`): build the decoder from its config with random weights.
+        model_init_kwargs (`dict`, *optional*): ``from_pretrained`` keyword arguments (``dtype``,
+            ``attn_implementation``, ``revision``, ...); a config-built decoder takes all but the file-location ones,
+            with ``dtype`` ``"auto"`` or unset meaning float32.
+        extras (`dict`, *optional*): ``use_aux_embed`` / ``use_bigram`` / ``use_trigram`` of a new model; asking an
+            existing Alea checkpoint for an extra it lacks raises.
+        who (`str`), field (`str`): named in error messages (the class or script, and its argument).
+
+    Returns:
+        `AleaModel`, or a `peft.PeftModel` around one for a LoRA output.
+    """
+    from .modeling_alea import AleaModel
+
+    path = check_model_path(name_or_path, who, field)
+    kwargs = dict(model_init_kwargs or {})
+    config = AutoConfig.from_pretrained(path, **hub_kwargs(kwargs), trust_remote_code=kwargs.get("trust_remote_code"))
+    if config.model_type == "alea":
+        if init_from_config:
+            raise ValueError(
+                f"{who}: field 'init_from_config': {path} is an Alea checkpoint, not a decoder whose config builds a "
+                "random backbone; set init_from_config false to start from its weights"
+            )
+        return check_extras(AleaModel.from_pretrained(path, **kwargs), extras, who)
+    extras = dict(extras or {})
+    if init_from_config:
+        backbone_kwargs = {k: v for k, v in kwargs.items() if k not in _HUB_KWARGS}
+        backbone_kwargs["dtype"] = torch_dtype(backbone_kwargs.get("dtype"))
+        return AleaModel.from_backbone(config, backbone_kwargs=backbone_kwargs, **extras)
+    if os.path.isdir(path) and not has_weights(path):
+        raise ValueError(
+            f"{who}: field '{field}': {path} holds a {config.model_type} config but no weights; to start from random "
+            f"weights build the backbone from the config (AleaModel.from_backbone(AutoConfig.from_pretrained({path!r}))"
+            ", or init_from_config: true in the recipes)"
+        )
+    return AleaModel.from_backbone(path, backbone_kwargs=kwargs, **extras)
+
+
+def load_adapter_model(path: str, **kwargs):
+    """A LoRA output (see the module docstring) as a `peft.PeftModel` around its base `AleaModel`."""
+    from peft import PeftConfig, PeftModel
+
+    from .modeling_alea import AleaModel
+
+    where = hub_kwargs(kwargs)
+    config = AleaConfig.from_pretrained(path, **where)
+    base = PeftConfig.from_pretrained(path, **where).base_model_name_or_path
+    if not base:
+        raise ValueError(
+            f"AleaModel.from_pretrained: {path} is a LoRA adapter whose adapter_config.json names no base model; build "
+            f"the base AleaModel yourself and load the adapter with peft.PeftModel.from_pretrained(base, {path!r})"
+        )
+    dtype = torch_dtype(kwargs.get("dtype"), default=torch_dtype(config.dtype))
+    heads = {name: getattr(config, name) for name in _HEAD_FIELDS}
+    if base == BASE_BACKBONE_DIR:  # the run's own copy of a random backbone, inside the output
+        local = os.path.isdir(path)
+        source, sub = (os.path.join(path, base), {}) if local else (path, {**where, "subfolder": base})
+        model = AleaModel.from_backbone(source, backbone_kwargs={"dtype": dtype, **sub}, **heads)
+    elif AutoConfig.from_pretrained(check_model_path(base, "AleaModel.from_pretrained", "base")).model_type == "alea":
+        model = AleaModel.from_pretrained(base, dtype=dtype)
+    else:
+        model = AleaModel.from_backbone(base, backbone_kwargs={"dtype": dtype}, **heads)
+    return PeftModel.from_pretrained(model, path, **where)
+
+
+def lora_base(model) -> str | None:
+    """What a LoRA output of ``model`` (the ``AleaModel`` under the adapter) names as its base: the Alea checkpoint it
+    was loaded from, else its pretrained backbone; ``None`` when the backbone had random weights."""
+    return model.config._name_or_path or model.config.backbone_name_or_path or None
+
+
+def record_lora_base(output_dir: str, base: str) -> None:
+    """Name ``base`` in the ``adapter_config.json`` peft wrote to ``output_dir`` (peft names the model's own path,
+    empty for a model built around a backbone). Written after the save, so peft's check of the base's vocabulary does
+    not look a backbone up on the Hub at every save."""
+    path = os.path.join(output_dir, ADAPTER_CONFIG_NAME)
+    with open(path, encoding="utf-8") as f:
+        adapter_config = json.load(f)
+    adapter_config["base_model_name_or_path"] = base
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(adapter_config, f, indent=2, sort_keys=True)
+
+
+def save_frozen_backbone(backbone, output_dir: str) -> None:
+    """Save the frozen weights of a LoRA-wrapped backbone as a plain decoder checkpoint (adapters left out)."""
+    state = {
+        name.replace(".base_layer.", "."): tensor
+        for name, tensor in backbone.state_dict().items()
+        if "lora_" not in name
+    }
+    plain = AutoModel.from_config(backbone.config, dtype=next(iter(state.values())).dtype)
+    plain.load_state_dict(state, strict=True)
+    plain.save_pretrained(output_dir)
+
+
+__all__ = [
+    "BASE_BACKBONE_DIR",
+    "check_extras",
+    "check_model_path",
+    "has_weights",
+    "is_adapter_folder",
+    "load_adapter_model",
+    "load_model",
+    "lora_base",
+    "model_init_kwargs_from",
+    "record_lora_base",
+    "save_frozen_backbone",
+    "torch_dtype",
+]

@@ -1,0 +1,156 @@
+"""What the Alea trainers (GRPO and SFT) leave behind: the model card, LoRA outputs that name their base, and pushes
+that save locally first and fail in one message when the Hub cannot be reached.
+
+Design decisions:
+1. ``push_to_hub`` saves the final model, its tokenizer and the card in ``output_dir`` before any network call, so a
+   failed push loses nothing; ``Trainer.push_to_hub`` (which creates the repo, saves again and uploads) runs after.
+2. A Hub that cannot be reached (connection refused, timeout, ``HF_HUB_OFFLINE``) or that refuses the push raises
+   :class:`HubPushError`: one message naming the endpoint, the reason and what was saved where, instead of a long
+   traceback ending in a raw connection error. With ``push_to_hub=True`` the repo is created when the trainer is
+   built, so an unreachable Hub is reported then, before any training.
+3. A LoRA output also gets the Alea ``config.json``, and its ``adapter_config.json`` names its base (see
+   :mod:`alea_trl.loading`); a backbone with random weights is saved beside the adapter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from ..evaluation import table_metrics
+from ..loading import BASE_BACKBONE_DIR, lora_base, record_lora_base, save_frozen_backbone
+from .model_card import build_model_card
+
+
+class HubPushError(ConnectionError):
+    """The Hub could not be reached, or refused a push; the message says what was saved locally."""
+
+
+def hub_endpoint() -> str:
+    """The Hub endpoint the trainer's pushes go to (``HF_ENDPOINT``, by default the public Hub)."""
+    from transformers.utils.hub import hf_api
+
+    return hf_api().endpoint
+
+
+def _hub_failure(exc: BaseException) -> str | None:
+    """Why a Hub call failed, in a few words, or ``None`` when ``exc`` is not a Hub or network failure."""
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    first_line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, OfflineModeIsEnabled):
+        return f"HF_HUB_OFFLINE is set, so the Hub at {hub_endpoint()} is not contacted"
+    # the HTTP client's connection errors (httpx / requests, by version) share these class names
+    if {c.__name__ for c in type(exc).__mro__} & {"ConnectionError", "TransportError", "Timeout", "TimeoutError"}:
+        return f"cannot reach the Hub at {hub_endpoint()} ({first_line})"
+    if isinstance(exc, HfHubHTTPError):
+        return f"the Hub at {hub_endpoint()} refused it ({first_line})"
+    return None
+
+
+@contextlib.contextmanager
+def hub_errors(action: str, saved: str):
+    """Turn a Hub or network failure inside the block into one :class:`HubPushError` ``"<action>: <reason>.
+    <saved>"``; other errors pass through."""
+    try:
+        yield
+    except HubPushError:
+        raise
+    except Exception as exc:
+        reason = _hub_failure(exc)
+        if reason is None:
+            raise
+        raise HubPushError(f"{action}: {reason}. {saved}") from None
+
+
+def push_at_init(args):
+    """The context for ``Trainer.__init__``, which creates the Hub repo when ``push_to_hub`` is set."""
+    if not args.push_to_hub:
+        return contextlib.nullcontext()
+    repo = args.hub_model_id or f"a repo named after {args.output_dir}"
+    return hub_errors(
+        f"push_to_hub=True ({repo})",
+        "Nothing was trained or saved yet: set push_to_hub false to train without the Hub, or check the network "
+        "and HF_ENDPOINT",
+    )
+
+
+class HubOutputs:
+    """Mixin of the Alea trainers: the Alea model card, LoRA outputs that name their base, safe pushes (see the module
+    docstring). The trainer provides ``env_factories`` and, after an evaluation, ``last_eval_table`` and
+    ``last_eval_settings``."""
+
+    _card_method = "grpo"
+
+    def _card_repo(self) -> str:
+        return getattr(self, "hub_model_id", None) or self.args.hub_model_id or self.args.output_dir
+
+    def _card_model_name(self) -> str:
+        return self._card_repo().rstrip("/").split("/")[-1]
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None) -> None:
+        """Write the Alea model card (:func:`~alea_trl.trainer.model_card.build_model_card`) to
+        ``output_dir/README.md``: base model, a quick start, the envs' questions, the last evaluation (table and
+        ``model-index``), the training settings and citations. ``dataset_name`` is refused: the data are the envs."""
+        if dataset_name is not None:
+            raise ValueError(
+                "create_model_card: field 'dataset_name': an Alea model is trained on envs, not a dataset"
+            )
+        if not self.is_world_process_zero():
+            return
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        lora = hasattr(unwrapped, "get_base_model")
+        card = build_model_card(
+            config=(unwrapped.get_base_model() if lora else unwrapped).config,
+            args=self.args,
+            env_factories=self.env_factories,
+            method=self._card_method,
+            model_name=model_name or self._card_model_name(),
+            repo=self._card_repo(),
+            lora=lora,
+            eval_table=getattr(self, "last_eval_table", None),
+            eval_settings=getattr(self, "last_eval_settings", None),
+            tags=tags,
+        )
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        card.save(os.path.join(self.args.output_dir, "README.md"))
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Trainer's ``save_model``; a LoRA output also gets the Alea ``config.json`` and names its base."""
+        output_dir = output_dir or self.args.output_dir
+        super().save_model(output_dir, _internal_call)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if hasattr(unwrapped, "get_base_model") and self.args.should_save:  # a peft model: a LoRA output
+            model = unwrapped.get_base_model()
+            base = lora_base(model)
+            if base is None:  # random backbone weights: the adapter's base is a copy saved beside it
+                base = BASE_BACKBONE_DIR
+                save_frozen_backbone(model.backbone, os.path.join(output_dir, base))
+            record_lora_base(output_dir, base)
+            model.config.save_pretrained(output_dir)
+
+    def save_evaluation(self, **settings) -> None:
+        """Write ``eval_results.json`` (``Trainer.save_metrics``): the last evaluation's figures
+        (``eval_<env>/<figure>``) and how they were played (``eval_settings/<key>``: episodes, seed, envs and the
+        given ``settings``), so ``recipes/evaluate.py`` can play the same episodes again."""
+        played = {**self.last_eval_settings, **settings}
+        self.save_metrics(
+            "eval", table_metrics(self.last_eval_table) | {f"eval_settings/{k}": v for k, v in played.items()}
+        )
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, **kwargs):
+        """Save the final model, tokenizer and card in ``output_dir``, then ``Trainer.push_to_hub``; a Hub that cannot
+        be reached or refuses raises :class:`HubPushError` naming the endpoint and the saved folder."""
+        output_dir = self.args.output_dir
+        self.save_model(output_dir)
+        self.create_model_card(model_name=kwargs.get("model_name"), tags=kwargs.get("tags"))
+        repo = getattr(self, "hub_model_id", None) or self.args.hub_model_id or os.path.basename(output_dir)
+        saved = (
+            f"The final model, its tokenizer and model card are saved in {os.path.abspath(output_dir)}; upload them "
+            f"later with `hf upload {repo} {output_dir}`"
+        )
+        with hub_errors(f"push_to_hub ({repo})", saved):
+            return super().push_to_hub(commit_message=commit_message, blocking=blocking, **kwargs)
+
+
+__all__ = ["HubOutputs", "HubPushError", "hub_endpoint", "hub_errors", "push_at_init"]
