@@ -38,6 +38,11 @@ METRICS = {  # table column -> (model-index metric type, readable name)
 COLUMNS = {"return": "policy", "random": "random", "oracle": "oracle", "normalized_score": "norm.score"}
 COLUMNS |= {"expected_score": "exp.score", "regret": "regret", **{k: k for k in list(METRICS)[4:]}}
 RULES = {"choice": "log score", "score": "ranked probability score", "noul": "Brier score", "regress": "pinball loss"}
+INTRO = (
+    "An `alea_trl` model: a decoder that reads an environment's state once and answers every question about it (the "
+    "action and calibrated forecasts) in one forward pass, through small heads on its hidden states, without "
+    "generating text."
+)
 OUTCOME_VALUES = {
     "rtg": "their reward-to-go against a per-env, per-step baseline",
     "branch": "Monte Carlo branching: each sampled action is played to the end in a copy of the env (VinePPO)",
@@ -271,9 +276,7 @@ def build_model_card(
 
 # {model_name}
 
-An `alea_trl` model: a decoder that reads an environment's state once and
-answers every question about it (the action and calibrated forecasts) in one forward pass, through small heads on
-its hidden states, without generating text. {base_sentence}
+{INTRO} {base_sentence}
 
 ## Quick start
 
