@@ -1,4 +1,4 @@
-"""Variants (a) ``packed`` (the real ``AleaEnvGRPOTrainer``) and (b) ``unpacked`` (the same model, decisions and loss
+"""Variants (a) ``trainer`` (the real ``AleaEnvGRPOTrainer``) and (b) ``unpacked`` (the same model, decisions and loss
 with every question and option as its own sequence) of the throughput benchmark."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import tempfile
 from types import SimpleNamespace
 
 import torch
-from transformers import PrinterCallback, Trainer, TrainerCallback
+from transformers import PrinterCallback, Trainer
 
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
 from alea_trl.collate import pad_token_id
@@ -16,13 +16,13 @@ from alea_trl.packing import unpacked_sequences
 from alea_trl.questions import ACT_QID
 from alea_trl.trainer.loss import act_logits_of, grpo_loss
 from alea_trl.trainer.loss_inputs import sampled_forward_inputs
-from alea_trl.trainer.model_setup import apply_train_mode, param_groups
+from alea_trl.trainer.model_setup import param_groups
 from alea_trl.trainer.observation import Wave
 from alea_trl.trainer.pool import EpisodePool, np_rng_for_rank
 from alea_trl.trainer.rollout import Rollout
 
 from .models import CPU_RUN, LEARNING_RATE, MAX_STEPS, Models
-from .timing import Probe, Runner, RunnerCallback
+from .timing import Runner, RunnerCallback
 
 
 def act_index(packed) -> int:
@@ -51,80 +51,95 @@ def prefill(rollout: Rollout, waves: int) -> None:
     rollout.pop_stats()
 
 
-def alea_args(
-    out_dir: str,
-    k: int,
-    beta: float,
-    seed: int,
-    max_steps: int,
-    decisions: int,
-    train_mode: str,
-    max_batch_tokens: int | None = None,
-    logging_steps: int = CPU_RUN["logging_steps"],
-) -> AleaEnvGRPOConfig:
+def alea_args(out_dir: str, k: int, opts, max_steps: int, max_batch_tokens: int | None = None) -> AleaEnvGRPOConfig:
     """The trainer's settings for (a), and the loop's for (b): every built-in env, the same learning rate for every
-    parameter group; the longest decision of the five envs is ~340 tokens (``max_len`` 1024)."""
-    run = {"output_dir": out_dir, "envs": list(BUILTIN_ENVS), "max_steps": max_steps, "seed": seed}
-    algorithm = {"num_generations": k, "beta": beta, "train_mode": train_mode, "lr_head": LEARNING_RATE}
-    batches = {"per_device_train_batch_size": decisions, "max_len": 1024, "max_batch_tokens": max_batch_tokens}
-    settings = CPU_RUN | run | algorithm | batches | {"lr_aux": LEARNING_RATE, "logging_steps": logging_steps}
-    return AleaEnvGRPOConfig(**settings)
+    parameter group, ``opts``' ``beta``, ``train_mode``, ``outcome_advantage`` and decisions per step; the longest
+    decision of the five envs is ~340 tokens (``max_len`` 1024)."""
+    run = {"output_dir": out_dir, "envs": list(BUILTIN_ENVS), "max_steps": max_steps, "seed": opts.seed}
+    algorithm = {"num_generations": k, "beta": opts.beta, "train_mode": opts.train_mode, "lr_head": LEARNING_RATE}
+    algorithm["outcome_advantage"] = opts.outcome_advantage
+    batches = {"per_device_train_batch_size": opts.decisions, "max_len": 1024, "max_batch_tokens": max_batch_tokens}
+    return AleaEnvGRPOConfig(**(CPU_RUN | run | algorithm | batches | {"lr_aux": LEARNING_RATE}))
+
+
+def packed_lengths(packed) -> tuple[list[int], list[int]]:
+    """Tokens of packed decisions and the keys their tokens attend in total (``position + 1`` per token)."""
+    return [len(p) for p in packed], [sum(p.position_ids) + len(p) for p in packed]
+
+
+def count_trainer_work(trainer: AleaEnvGRPOTrainer, runner: Runner) -> None:
+    """Record what the trainer's steps answer: per step, the fresh env decisions and the replayed ones the loss
+    forward takes (``rollout.replays_and_wave``), their packed tokens, the fresh ones left waiting to be replayed;
+    the reference's forwards (``beta != 0``) and branch continuations (no autograd)."""
+    rollout, shared = trainer.rollout, trainer.policy_forward.shared_trunk_layer
+    take, continuation = rollout.replays_and_wave, rollout.continuation_logits
+    count_deferred(rollout, runner)
+
+    def replays_and_wave(n):
+        replay, wave = take(n)
+        if runner.measuring:
+            runner.count(len(wave.packed), len(replay))
+            lengths, ctx = packed_lengths([row.packed for row in replay] + wave.packed)
+            runner.work.forward(lengths, grad=True, ctx=ctx)
+            if trainer.beta != 0.0:  # the reference: the trained layers on the policy's trunk, else a whole copy
+                runner.work.forward(lengths, grad=False, ctx=ctx, layers="all" if shared is None else "trained")
+        return replay, wave
+
+    def continuation_logits(packed):
+        if runner.measuring:
+            lengths, ctx = packed_lengths(packed)
+            runner.work.forward(lengths, grad=False, ctx=ctx)
+            runner.work.add("continuation_decisions", len(packed))
+        return continuation(packed)
+
+    rollout.replays_and_wave, rollout.continuation_logits = replays_and_wave, continuation_logits
+
+
+def count_deferred(rollout: Rollout, runner: Runner) -> None:
+    """Count the fresh decisions ``rollout.advance`` leaves waiting for their episode's end (replayed once later)."""
+    advance = rollout.advance
+
+    def counted(wave, logits, ref_logits=None):
+        rows = advance(wave, logits, ref_logits)
+        if runner.measuring:
+            runner.deferred(sum(1 for row in rows if row is not None and not row.ready))
+        return rows
+
+    rollout.advance = counted
 
 
 def packed_body(models: Models, tokenizer, k: int, opts):
     def body(runner: Runner) -> None:
         with tempfile.TemporaryDirectory() as out_dir:
-            args = alea_args(
-                out_dir,
-                k,
-                opts.beta,
-                opts.seed,
-                MAX_STEPS,
-                decisions=opts.decisions,
-                train_mode=opts.train_mode,
-                max_batch_tokens=opts.max_batch_tokens or None,
-                logging_steps=1,  # the token metrics of every step (TokenCallback)
-            )
-            model = models.fresh_alea()
+            args = alea_args(out_dir, k, opts, MAX_STEPS, max_batch_tokens=opts.max_batch_tokens or None)
+            model = models.fresh_alea(args.train_mode, args.tail_k)
             trainer = AleaEnvGRPOTrainer(
                 model, args=args, processing_class=tokenizer, callbacks=[RunnerCallback(runner)]
             )
             trainer.remove_callback(PrinterCallback)
             probe = runner.probe
             probe.attach_backbone(model.backbone)
+            probe.attach(model, "alea")  # the whole AleaModel forward: backbone + embedding, mask, heads, read-outs
             if getattr(trainer, "ref_model", None) is not None:  # beta != 0: the reference's forwards are model time
                 probe.attach_backbone(trainer.accelerator.unwrap_model(trainer.ref_model).backbone)
             probe.wrap(trainer.accelerator, "backward", "backward")
             probe.wrap(trainer.accelerator, "clip_grad_norm_", "clip")
-            trainer.add_callback(TokenCallback(runner))
+            count_trainer_work(trainer, runner)
             prefill(trainer.rollout, opts.prefill_waves)
             trainer.train()
 
     return body
 
 
-class TokenCallback(TrainerCallback):
-    """Records the trainer's logged token metrics of the loss forwards (tokens per decision, padding) while the
-    runner measures."""
-
-    def __init__(self, runner: Runner):
-        self.runner = runner
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.runner.measuring and logs and "tokens/per_decision" in logs:
-            self.runner.tokens.append(logs["tokens/per_decision"])
-            self.runner.extra["loss_padding_fraction"].append(logs["tokens/padding_fraction"])
-
-
 # ----------------------------------------------------------------------------------------------------- (b)
 class UnpackedLoop:
     """The same model, decisions and loss as (a), with every question and option as its own sequence."""
 
-    def __init__(self, model: AleaModel, tokenizer, k: int, opts, args: AleaEnvGRPOConfig):
+    def __init__(self, model: AleaModel, tokenizer, k: int, opts, args: AleaEnvGRPOConfig, chunk_tokens: int):
         self.model, self.tokenizer, self.k = model, tokenizer, k
         self.args = args
         self.decisions = opts.decisions
-        self.chunk_tokens = opts.unpacked_chunk_tokens
+        self.chunk_tokens = chunk_tokens
         self.pad_id = pad_token_id(tokenizer)
         factories = {name: (lambda n=name: make_env(n)) for name in BUILTIN_ENVS}
         torch.manual_seed(opts.seed)
@@ -134,7 +149,7 @@ class UnpackedLoop:
         optimizer_kwargs.pop("lr", None)
         groups = param_groups(model, self.args)
         self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
-        self.probe: Probe | None = None
+        self.runner: Runner | None = None
         self.epsilon_high = self.args.epsilon_high if self.args.epsilon_high is not None else self.args.epsilon
 
     def _forward(self, seqs: list[list[int]], q_rows: list[int], o_rows: list[int], o_question: list[int], q_bins):
@@ -173,7 +188,7 @@ class UnpackedLoop:
                 i += 1
         return [s for s, _ in seqs], q_local, o_local, o_q
 
-    def step(self) -> list[int]:
+    def step(self) -> None:
         """One optimizer step over ``decisions`` decisions, sampling from the loss forward as (a) does: outcome
         decisions whose episode ended (replayed, policy term only), then fresh decisions, sorted by length and
         forwarded in chunks; each chunk's fresh actions are sampled from its detached act logits, its envs stepped,
@@ -184,14 +199,16 @@ class UnpackedLoop:
         replay, wave = rollout.replays_and_wave(self.decisions)
         packed = [row.packed for row in replay] + wave.packed
         n_replay = len(replay)
+        runner = self.runner
         # loss normalisers over the whole step: every real policy sample and every report term
         n_samples = n_replay + self.k * sum(ep.env.dense for ep in wave.episodes)
         n_reports = sum(1 for p, t in zip(wave.packed, wave.targets) for q in p.questions if q.qid in t)
         per_decision = [self._decision_sequences(p) for p in packed]
         lengths = [max(len(s) for s in seqs) * len(seqs) for seqs, *_ in per_decision]
         order = sorted(range(len(packed)), key=lambda i: max(len(s) for s in per_decision[i][0]))
-        tokens = [sum(len(s) for s in seqs) for seqs, *_ in per_decision]
-        real = padded = 0
+        if runner.measuring:
+            runner.count(len(wave.packed), n_replay)
+            runner.work.forward([len(s) for seqs, *_ in per_decision for s in seqs], grad=True)
         for chunk in _chunks([lengths[i] for i in order], self.chunk_tokens, by_sum=True):
             # replayed decisions first, then fresh ones: the order of the loss inputs
             idx = sorted((order[i] for i in chunk), key=lambda d: d >= n_replay)
@@ -206,8 +223,6 @@ class UnpackedLoop:
                 q_bins += [q.n_bins or 0 for q in packed[d].questions]
                 questions.append(packed[d].questions)
             out = self._forward(seqs, q_rows, o_rows, o_question, q_bins)
-            real += sum(len(x) for x in seqs)
-            padded += len(seqs) * max(len(x) for x in seqs)
             batch = SimpleNamespace(questions=questions)
             # sample the chunk's fresh decisions from its own forward and step their envs
             chunk_replay = [replay[d] for d in idx if d < n_replay]
@@ -231,16 +246,14 @@ class UnpackedLoop:
             if n_terms:
                 loss = loss + args.report_w * terms.report * (n_terms / n_reports)
             rollout.prefetch(sub.episodes)  # as the trainer does: their next decisions observed during backward
-            with self.probe.time("backward"):
+            with runner.probe.time("backward"):
                 loss.backward()
-        with self.probe.time("clip"):
+        with runner.probe.time("clip"):
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        with self.probe.time("optimizer"):
+        with runner.probe.time("optimizer"):
             self.optimizer.step()
         self.optimizer.zero_grad()
         rollout.join_prefetch()
-        self.padding_fraction = 1.0 - real / padded
-        return tokens
 
 
 def _chunks(sizes: list[int], budget: int, by_sum: bool = False) -> list[list[int]]:
@@ -258,24 +271,22 @@ def _chunks(sizes: list[int], budget: int, by_sum: bool = False) -> list[list[in
     return chunks
 
 
-def unpacked_body(models: Models, tokenizer, k: int, opts):
+def unpacked_body(models: Models, tokenizer, k: int, opts, chunk_tokens: int):
     # the loop's settings, built (and their device set up) now: TrainingArguments' device set-up resets accelerate's
     # global state, which would pull it from under a trainer already running in another greenlet
-    args = alea_args(tempfile.gettempdir(), k, 0.0, opts.seed, 1, decisions=opts.decisions, train_mode=opts.train_mode)
+    args = alea_args(tempfile.gettempdir(), k, opts, 1)
     assert args.device.type == "cpu"
 
     def body(runner: Runner) -> None:
-        model = models.fresh_alea()
-        apply_train_mode(model, args.train_mode, args.tail_k)  # what the trainer does in (a)
-        loop = UnpackedLoop(model, tokenizer, k, opts, args)
-        loop.probe = runner.probe
+        model = models.fresh_alea(args.train_mode, args.tail_k)  # trains what the trainer trains in (a)
+        loop = UnpackedLoop(model, tokenizer, k, opts, args, chunk_tokens)
+        loop.runner = runner
+        count_deferred(loop.rollout, runner)
         runner.probe.attach_backbone(model.backbone)
+        runner.probe.attach(model, "alea")
         prefill(loop.rollout, opts.prefill_waves)
         while True:
-            tokens = loop.step()
-            if runner.measuring:
-                runner.tokens += tokens
-                runner.extra["loss_padding_fraction"].append(loop.padding_fraction)
+            loop.step()
             if runner.step_end():
                 break
 

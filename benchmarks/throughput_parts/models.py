@@ -1,4 +1,4 @@
-"""The backbone all three throughput variants share, and the CPU settings of their runs."""
+"""The backbone all throughput variants share (three shapes), and the CPU settings of their runs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from alea_trl import AleaModel
+from alea_trl.trainer.model_setup import apply_train_mode
 
 
 LEARNING_RATE = 1e-5
@@ -34,42 +35,71 @@ def qwen3_config(vocab_size: int, shape: tuple[int, int, int, int, int, int], **
     return Qwen3Config(vocab_size=vocab_size, tie_word_embeddings=True, **sizes, **heads, **extra)
 
 
-def backbone_config(vocab_size: int) -> Qwen3Config:
-    """The benchmark's backbone: hidden 256 x 4 layers."""
-    return qwen3_config(vocab_size, (256, 4, 4, 2, 64, 512), max_position_embeddings=4096, attn_implementation="sdpa")
+SHAPES = {  # (hidden, layers, attention heads, key-value heads, head dim, MLP width)
+    "bench": (256, 4, 4, 2, 64, 512),  # the default: small enough for many steps of every variant on 2 cores
+    "qwen3-0.6b": (1024, 28, 16, 8, 128, 3072),  # Qwen3-0.6B's, so the LM head has its real weight in the step
+    "test": (32, 2, 4, 2, 8, 64),  # smoke tests
+}
+QWEN3_VOCAB = 151_936  # Qwen3-0.6B's embedding rows (the tokenizer's 151,646 tokens, padded)
+
+
+def backbone_config(tokenizer, shape: str) -> Qwen3Config:
+    """The benchmark's backbone of ``shape`` (see ``SHAPES``); sdpa attention. ``qwen3-0.6b`` is Qwen3-0.6B's config
+    (its vocabulary rows, RoPE base and norm epsilon); the others use the tokenizer's vocabulary."""
+    if shape == "qwen3-0.6b":
+        extra = dict(max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6)
+        config = qwen3_config(QWEN3_VOCAB, SHAPES[shape], attn_implementation="sdpa", **extra)
+    else:
+        config = qwen3_config(len(tokenizer), SHAPES[shape], max_position_embeddings=4096, attn_implementation="sdpa")
+    config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    return config
 
 
 class Models:
-    """One set of seeded random weights; fresh copies for each run."""
+    """One set of seeded random weights (a causal LM's, tied LM head); fresh copies for each variant: an
+    ``AleaModel`` around the same decoder weights (its heads seeded alike every time), or the causal LM itself."""
 
-    def __init__(self, tokenizer, seed: int):
-        self.config = backbone_config(len(tokenizer))
-        self.config.pad_token_id = tokenizer.pad_token_id
-        self.config.eos_token_id = tokenizer.eos_token_id
+    def __init__(self, tokenizer, seed: int, shape: str = "bench"):
+        self.config, self.seed = backbone_config(tokenizer, shape), seed
         torch.manual_seed(seed)
-        lm = Qwen3ForCausalLM(self.config).float()
-        self.lm_state = {k: v.clone() for k, v in lm.state_dict().items()}
-        torch.manual_seed(seed + 1)
-        alea = AleaModel.from_backbone(self.config, backbone_kwargs={"dtype": torch.float32})
-        missing, unexpected = alea.backbone.load_state_dict(
-            {k[len("model.") :]: v for k, v in self.lm_state.items() if k.startswith("model.")}, strict=True
-        )
+        self.lm_state = Qwen3ForCausalLM(self.config).float().state_dict()
+        self.backbone_state = {k[len("model.") :]: v for k, v in self.lm_state.items() if k.startswith("model.")}
+
+    def fresh_alea(self, train_mode: str, tail_k: int) -> AleaModel:
+        """An ``AleaModel`` on the shared decoder weights, with ``train_mode`` applied as the trainer does."""
+        torch.manual_seed(self.seed + 1)
+        alea = AleaModel.from_backbone(copy.deepcopy(self.config), backbone_kwargs={"dtype": torch.float32})
+        missing, unexpected = alea.backbone.load_state_dict(self.backbone_state, strict=True)
         assert not missing and not unexpected
-        self.alea = alea
+        apply_train_mode(alea, train_mode, tail_k)
+        return alea.train()
 
-    def fresh_alea(self) -> AleaModel:
-        return copy.deepcopy(self.alea).train()
+    def trainable_backbone(self, train_mode: str, tail_k: int) -> set[str]:
+        """Names of the decoder parameters ``train_mode`` trains (without building a model)."""
+        with torch.device("meta"):
+            alea = AleaModel.from_backbone(self.config)
+        apply_train_mode(alea, train_mode, tail_k)
+        return {name for name, p in alea.backbone.named_parameters() if p.requires_grad}
 
-    def fresh_lm(self) -> Qwen3ForCausalLM:
-        lm = Qwen3ForCausalLM(self.config).float()
+    def fresh_lm(self, trainable: set[str]) -> Qwen3ForCausalLM:
+        """The causal LM on the shared weights, training the decoder parameters named in ``trainable`` (the same set
+        as the Alea variants'; the LM head is the tied embedding)."""
+        # a config of its own: Trainer writes into the model's config (``use_cache``), and a config shared with the
+        # other variants' models would carry one trainer's settings into another's generation
+        lm = Qwen3ForCausalLM(copy.deepcopy(self.config)).float()
         lm.load_state_dict(self.lm_state)
         lm.tie_weights()
         assert lm.lm_head.weight.data_ptr() == lm.model.embed_tokens.weight.data_ptr()
+        for name, param in lm.model.named_parameters():
+            param.requires_grad_(name in trainable)
         return lm.train()
 
     def n_params(self) -> dict:
-        lm = self.fresh_lm()
+        with torch.device("meta"):
+            alea = AleaModel.from_backbone(self.config)
+            lm = Qwen3ForCausalLM(self.config)
+            lm.tie_weights()
         return {
-            "alea": sum(p.numel() for p in self.alea.parameters()),
+            "alea": sum(p.numel() for p in alea.parameters()),
             "causal_lm": sum(p.numel() for p in lm.parameters()),
         }
