@@ -62,7 +62,7 @@ class GymnasiumEnv(AleaEnv):
         west, pickup, dropoff; CliffWalking: up, right, down, left; Blackjack: stick, hit).
 
     State text:
-        ``render(obs, env)``, then the steps left when there is a horizon and the discount when it is not 1.
+        The steps left when there is a horizon and the discount when it is not 1, then ``render(obs, env)``.
 
     Questions:
         - ``act`` (choice): the action.
@@ -210,14 +210,16 @@ class GymnasiumEnv(AleaEnv):
 
     # -------------------------------------------------------------------------------------------------- observation
     def _observe(self) -> Decision:
-        text = self.render(self.obs, self)
-        if not isinstance(text, str) or not text:
-            raise ValueError(f"env {self.name!r}: field 'render': must return a non-empty string, got {text!r}")
+        rendered = self.render(self.obs, self)
+        if not isinstance(rendered, str) or not rendered:
+            raise ValueError(f"env {self.name!r}: field 'render': must return a non-empty string, got {rendered!r}")
+        text = ""  # the episode's clock first: the rendering ends with the state, next to the questions
         if self.horizon is not None:
             left = self.steps_left
-            text += f" {left} step{'s' * (left != 1)} left in the episode, this one included."
+            text += f"{left} step{'s' * (left != 1)} left in the episode, this one included. "
         if self.discount != 1.0:
-            text += f" Rewards are discounted by {exact_text(self.discount, self.name, 'discount')} a step."
+            text += f"Rewards are discounted by {exact_text(self.discount, self.name, 'discount')} a step. "
+        text += rendered
         questions = [
             Question(ACT_QID, "choice", "Which action do you take?", options=self.action_names, env=self.name)
         ]

@@ -6,7 +6,8 @@ Design decisions:
    env's oracle uses, so a rendering only describes the env itself.
 2. Every number an oracle uses is read from the env's own transition table (slip probabilities, rewards), not from
    constructor arguments, and stated exactly: ``1/3``, not ``0.333``. Grids are printed cell by cell, separated by
-   spaces, with the agent's cell marked and its row and column also stated in words.
+   spaces, with the agent's cell marked; the text ends with what changes from step to step (the agent's row and
+   column in words, the taxi's passenger, the hand), next to the questions that follow it.
 3. One :class:`ToyTextSpec` per Gymnasium class (keyed by class name, so a user's own instance of ``FrozenLakeEnv``
    with a custom map gets the same rendering): its rendering, action names, goal, goal question and model.
 """
@@ -77,12 +78,10 @@ def frozenlake_text(obs: int, env) -> str:
             rewards.setdefault(letters[s2 // lake.ncol][s2 % lake.ncol], r)
     paid = ", ".join(f"{k} {decimal_text(float(rewards[k]), 4)}" for k in "GHF" if k in rewards and rewards[k] != 0)
     return (
-        f"Frozen lake, {lake.nrow} rows by {lake.ncol} columns (S start, F frozen, H hole, G goal); you are at "
-        f"{_cell(row, col)}, marked *:\n{_grid(letters, (row, col))}\n"
+        f"Frozen lake, {lake.nrow} rows by {lake.ncol} columns (S start, F frozen, H hole, G goal). "
         + _slip_text(_intended(lake.P[start][0], 1), env, "success_rate", "The ice moves you")
-        + " Entering G or H ends the episode. Rewards for entering a cell: "
-        + (paid or "none")
-        + "."
+        + f" Entering G or H ends the episode. Rewards for entering a cell: {paid or 'none'}. Your cell is marked *:\n"
+        f"{_grid(letters, (row, col))}\nYou are at {_cell(row, col)}."
     )
 
 
@@ -102,13 +101,12 @@ def taxi_text(obs: int, env) -> str:
     rows = [bytes(line).decode() for line in taxi.desc]
     where = "is in the taxi" if passenger == 4 else f"waits at {_STANDS[passenger]} ({_cell(*taxi.locs[passenger])})"
     return (
-        "Taxi on a 5 by 5 map; | is a wall, R, G, Y, B are the four stands:\n"
-        + "\n".join(rows)
-        + f"\nThe taxi is at {_cell(row, col)}. The passenger {where}; the destination is {_STANDS[dest]} "
-        f"({_cell(*taxi.locs[dest])}). "
-        + _slip_text(_intended(taxi.P[0][0], 0), env, "rainy_probability", "The taxi drives")
+        _slip_text(_intended(taxi.P[0][0], 0), env, "rainy_probability", "The taxi drives")
         + " Rewards: -1 a step, +20 for dropping the passenger at the destination (ends the episode), -10 for a "
-        "pickup or drop-off where none is allowed."
+        "pickup or drop-off where none is allowed. The 5 by 5 map; | is a wall, R, G, Y, B are the four stands:\n"
+        + "\n".join(rows)
+        + f"\nThe passenger {where}; the destination is {_STANDS[dest]} ({_cell(*taxi.locs[dest])}). The taxi is "
+        f"at {_cell(row, col)}."
     )
 
 
@@ -127,11 +125,10 @@ def cliffwalking_text(obs: int, env) -> str:
     start = divmod(int(cliff.start_state_index), n_cols)
     cells[start[0]][start[1]], cells[-1][-1] = "S", "G"
     return (
-        f"Cliff walk, {n_rows} rows by {n_cols} columns (S start, G goal, C cliff, . ground); you are at "
-        f"{_cell(row, col)}, marked *:\n{_grid(cells, (row, col))}\n"
+        f"Cliff walk, {n_rows} rows by {n_cols} columns (S start, G goal, C cliff, . ground). "
         + _slip_text(_intended(cliff.P[0][0], 1), env, "is_slippery", "You move")
         + " Each move costs -1; stepping into the cliff costs -100 and sends you back to S. Reaching G ends the "
-        "episode."
+        f"episode. Your cell is marked *:\n{_grid(cells, (row, col))}\nYou are at {_cell(row, col)}."
     )
 
 
