@@ -52,12 +52,17 @@ Method:
   its block's clock starts when it resumes. Its first steps (``--warmup``; ``--warmup_slow`` for the slow variants)
   are dropped. A block lasts at least ``--measure_s`` seconds and ``--min_steps`` steps ((a)) or ``--min_steps_slow``
   steps (the others).
-- before training, the episode pipelines of (a) and (b) get ``--prefill_waves`` rollout waves with a uniform policy
-  (no model forward; the rows they made ready are dropped), so open outcome episodes hold their steady-state pending
-  decisions.
-- decisions/s = **distinct env decisions** answered in a block / its wall time: a fresh decision counts once; a
-  replay (an outcome decision forwarded again when its episode ended, ``rtg``) is reported apart (``rows/s``,
-  ``replay``), its tokens charged to the decisions. For (c) and (d) a decision is a prompt.
+- before training, the episode pipelines of (a) and (b) get ``--prefill_waves`` (40) rollout waves with a uniform
+  policy (no model forward, under a second; the rows they made ready are dropped): every outcome episode has ended
+  at least once (bandit's 16 episodes of 9 decisions end together after ~30 waves), so blocks see replays.
+- decisions/s counts **distinct env decisions**. A step's rows are fresh decisions and replays (outcome decisions
+  forwarded again when their episode ended, ``rtg``); in the long run every fresh decision left waiting is replayed
+  exactly once, so rows per distinct decision = 1 + (fresh decisions left waiting) / (fresh decisions), counted over
+  all of a variant's blocks (``row/dec``, ~1.4: bandit and nim are two fifths of the mix), and decisions/s = rows/s /
+  row/dec. Episodes of fixed length end in bursts (a block may hold only replays, or none), which would make the
+  replays counted inside a short block a matter of where it falls; the counts themselves are in the JSON
+  (``counted``). A replay forwards the very tokens of its decision, so tokens and FLOPs per decision are per row x
+  row/dec. For (c) and (d) a row is a prompt, a decision.
 - tokens per decision: the real tokens through the backbone per distinct decision, every forward counted (for TRL
   the no-grad generation: k prompt copies plus one token per further completion position, and the loss forward over
   k x (prompt + completion)); ``padded`` with padding. FLOPs per decision: model FLOPs of the matrix products from
@@ -138,7 +143,7 @@ def parse_options(argv=None) -> argparse.Namespace:
         "--min_steps", type=int, default=None, help="measured steps per (a) block (at least); bench: 5"
     )
     parser.add_argument("--min_steps_slow", type=int, default=1, help="measured steps per other block (at least)")
-    parser.add_argument("--prefill_waves", type=int, default=10, help="uniform-policy waves filling the pipeline")
+    parser.add_argument("--prefill_waves", type=int, default=40, help="uniform-policy waves filling the pipeline")
     parser.add_argument("--beta", type=float, default=0.0, help="KL weight of (a), (c) and (d); (b) needs 0")
     parser.add_argument("--train_mode", choices=("tail", "full"), default="tail", help="what trains, in all variants")
     parser.add_argument("--tail_k", type=int, default=8, help="decoder layers trained in tail mode")

@@ -113,6 +113,8 @@ def test_compact_lm_head_switch_outlives_the_first_runner_to_finish():
 def test_one_run_reports_every_ratio(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--shape", "test", "--ks", "2,4"]
     cmd += ["--unpacked_ks", "2", "--stock_ks", "2", "--n_prompts", "32", "--allow_busy", "--load_check_s", "0.2"]
+    # no pre-fill: every trainer row is then a fresh decision, two fifths of them (bandit, nim) left to be replayed
+    cmd += ["--prefill_waves", "0", "--min_steps", "5"]
     env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
