@@ -1,2 +1,3 @@
-"""The pieces of ``benchmarks/throughput.py``: timing (``timing``), the shared backbone (``models``), the packed and
-unpacked variants (``alea_variants``) and stock TRL (``trl_variant``)."""
+"""The pieces of ``benchmarks/throughput.py``: timing (``timing``), the shared backbone and shapes (``models``), the
+trainer and unpacked variants (``alea_variants``), fair and stock TRL (``trl_variant``), token and FLOP arithmetic
+(``flops``), the machine's load (``machine``) and the summaries (``report``)."""
