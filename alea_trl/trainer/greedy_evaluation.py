@@ -38,16 +38,17 @@ class GreedyEvaluation:
         unwrapped = self.accelerator.unwrap_model(self.model)
         was_training = unwrapped.training
         unwrapped.eval()
-        sums = evaluation_sums(
-            unwrapped,
-            self._tokenizer,
-            self.env_factories,
-            episodes=self.args.eval_episodes if episodes is None else episodes,
-            seed=self.args.seed + 1 if seed is None else seed,
-            max_len=self.args.max_len,
-            batch_size=self.args.max_batch,
-            shard=(self.accelerator.process_index, self.accelerator.num_processes),
-        )
+        with self.even_forwards.region({1: unwrapped}):  # sharded: as many forwards on every process
+            sums = evaluation_sums(
+                unwrapped,
+                self._tokenizer,
+                self.env_factories,
+                episodes=self.args.eval_episodes if episodes is None else episodes,
+                seed=self.args.seed + 1 if seed is None else seed,
+                max_len=self.args.max_len,
+                batch_size=self.args.max_batch,
+                shard=(self.accelerator.process_index, self.accelerator.num_processes),
+            )
         table = {env: {} for env in self.env_factories} | table_from_means(self.gathered_means(sums))
         self.last_eval_table = table
         metrics = {  # undefined figures (NaN: an env whose oracle ties random, a zero baseline) are not logged
