@@ -130,7 +130,7 @@ class AleaEnvGRPOTrainer(
         # the placeholder dataset only paces Trainer's loop: one pass over it is the whole run
         n_slots = args.generation_batch_size * args.gradient_accumulation_steps * args.num_iterations * args.max_steps
         placeholder = Dataset.from_dict({"decision_slot": list(range(n_slots))})
-        with grpo_init_guards(model, args):
+        with grpo_init_guards(model, args, loaded_from_path=from_path):
             super().__init__(
                 model=model,
                 reward_funcs=rewards_come_from_envs,
