@@ -8,6 +8,9 @@ Design decisions:
    frozen trunk in ``heads`` / ``tail`` modes (the reference runs only the layers that train), else the frozen copy,
    else (LoRA) the policy with its adapter disabled.
 3. Each call counts the padded tokens of its forwards, for the token metrics.
+4. On a sharded model every process runs as many forwards as the process with the most length groups (dummy
+   forwards make up the difference, see :mod:`~alea_trl.trainer.even_forwards`); their outputs are kept, times 0,
+   in ``dummy_loss`` for the loss.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import torch
 
 from ..collate import collate_segments
 from ..packing import PackedRequest
-from .chunked_forward import chunked_forward
+from .chunked_forward import chunked_forward, length_groups
+from .even_forwards import EvenForwards, zero_weight
 from .loss import act_logits_of
 from .shared_trunk import captured_trunk, reference_choice_logits
 
@@ -40,15 +44,25 @@ class PolicyForward:
             the adapter-disabled policy) or when ``beta == 0``.
         shared_trunk_layer (`int`, *optional*): the first decoder layer the reference must run itself (the layers
             below are the policy's frozen trunk); ``None``: the reference runs whole.
+        even (`EvenForwards`, *optional*): keeps the number of forwards equal across processes (sharded models).
     """
 
     def __init__(
-        self, device, pad_id: int, pack_rows: bool, max_batch_tokens, ref_model=None, shared_trunk_layer=None
+        self,
+        device,
+        pad_id: int,
+        pack_rows: bool,
+        max_batch_tokens,
+        ref_model=None,
+        shared_trunk_layer=None,
+        even: EvenForwards | None = None,
     ):
         self.device, self.pad_id, self.pack_rows = device, pad_id, pack_rows
         self.max_batch_tokens = max_batch_tokens
         self.ref_model, self.shared_trunk_layer = ref_model, shared_trunk_layer
+        self.even = even
         self.padded_tokens = 0
+        self.dummy_loss = None
 
     def collate(self, packed: list[PackedRequest]):
         """Collate decisions on the device; with ``pack_rows`` several share a row, up to the longest decision."""
@@ -61,10 +75,13 @@ class PolicyForward:
 
         Returns:
             `(AleaOutput, torch.Tensor | None, batch)`: the outputs, the reference's choice logits, and the batch (its
-            ``questions`` in the order of ``packed``). ``padded_tokens`` holds the forwards' padded token count.
+            ``questions`` in the order of ``packed``). ``padded_tokens`` holds the forwards' padded token count and
+            ``dummy_loss`` the zero-weight outputs of dummy forwards (``None`` when none ran with autograd).
         """
         layer = self.shared_trunk_layer
-        self.padded_tokens = 0
+        self.padded_tokens, self.dummy_loss = 0, None
+        n_forwards = len(length_groups([len(p) for p in packed], self.max_batch_tokens))
+        n_dummy = self.even.largest(n_forwards) - n_forwards if self.even is not None else 0
 
         def forward(batch):
             self.padded_tokens += batch.input_ids.numel()
@@ -81,7 +98,16 @@ class PolicyForward:
                 with unwrapped.disable_adapter():
                     return output, unwrapped(**batch.model_inputs()).choice_logits
 
-        return chunked_forward(forward, self.collate, packed, self.max_batch_tokens)
+        result = chunked_forward(forward, self.collate, packed, self.max_batch_tokens)
+        padded = self.padded_tokens
+        for _ in range(n_dummy):
+            self.even.dummy_forwards += 1
+            output, _ = forward(self.collate([self.even.dummy]))
+            zero = zero_weight(output) if torch.is_grad_enabled() else None
+            if zero is not None:
+                self.dummy_loss = zero if self.dummy_loss is None else self.dummy_loss + zero
+        self.padded_tokens = padded
+        return result
 
 
 __all__ = ["PolicyForward", "act_rows"]

@@ -86,16 +86,17 @@ class GreedyEvaluation:
         unwrapped.eval()
         episodes = self.args.eval_episodes if episodes is None else episodes
         seed = self.args.seed + 1 if seed is None else seed
-        sums = evaluation_sums(
-            unwrapped,
-            self._tokenizer,
-            self.env_factories,
-            episodes=episodes,
-            seed=seed,
-            max_len=self.args.max_len,
-            batch_size=self.args.max_batch,
-            shard=(self.accelerator.process_index, self.accelerator.num_processes),
-        )
+        with self.even_forwards.region({1: unwrapped}):  # sharded: as many forwards on every process
+            sums = evaluation_sums(
+                unwrapped,
+                self._tokenizer,
+                self.env_factories,
+                episodes=episodes,
+                seed=seed,
+                max_len=self.args.max_len,
+                batch_size=self.args.max_batch,
+                shard=(self.accelerator.process_index, self.accelerator.num_processes),
+            )
         table = {env: {} for env in self.env_factories} | table_from_means(self.gathered_means(sums))
         self.last_eval_table = table
         self.last_eval_settings = {"episodes": episodes, "seed": seed, "envs": list(self.env_factories)}

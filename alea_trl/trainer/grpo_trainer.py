@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 
 import torch
@@ -32,6 +33,7 @@ from .checkpointing import COMPLETE_MARKER, POOL_STATE_NAME, CrashSafeCheckpoint
 from .completions_log import CompletionsLog
 from .config import AleaEnvGRPOConfig
 from .entropy import EntropyControl
+from .even_forwards import even_forwards_for
 from .forward import PolicyForward, act_rows
 from .greedy_evaluation import GreedyEvaluation, periodic_evaluation
 from .hub import HubOutputs, push_at_init
@@ -47,13 +49,15 @@ from .model_setup import (
 )
 from .policy_loss import Collectives, PolicyObjective
 from .pool import EpisodePool, np_rng_for_rank
+from .precision import warn_if_no_float32_master
 from .reference import reference_policy
 from .rollout import Rollout
 from .trl_init import check_router_aux_loss, grpo_init_guards, rewards_come_from_envs, undo_fused_lm_head
+from .whole_final_model import WholeFinalModel
 
 
 class AleaEnvGRPOTrainer(
-    HubOutputs, CrashSafeCheckpoints, EntropyControl, CompletionsLog, GreedyEvaluation, GRPOTrainer
+    WholeFinalModel, HubOutputs, CrashSafeCheckpoints, EntropyControl, CompletionsLog, GreedyEvaluation, GRPOTrainer
 ):
     """GRPO over decision points of environments, without text generation.
 
@@ -124,7 +128,8 @@ class AleaEnvGRPOTrainer(
         # the placeholder dataset only paces Trainer's loop: one pass over it is the whole run
         n_slots = args.generation_batch_size * args.gradient_accumulation_steps * args.num_iterations * args.max_steps
         placeholder = Dataset.from_dict({"decision_slot": list(range(n_slots))})
-        with grpo_init_guards(model, args), periodic_evaluation(args, factories), push_at_init(args):
+        guards = grpo_init_guards(model, args, loaded_from_path=isinstance(model_arg, (str, os.PathLike)))
+        with guards, periodic_evaluation(args, factories), push_at_init(args):
             super().__init__(
                 model=model,
                 reward_funcs=rewards_come_from_envs,
@@ -147,12 +152,15 @@ class AleaEnvGRPOTrainer(
         self.ref_model, shared = reference_policy(unwrapped, self.accelerator, args, *sharded)
         if args.sync_ref_model:  # TR-DPO, as GRPOTrainer adds it (its __init__ saw sync_ref_model off: trl_init)
             self.add_callback(SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator))
-        forward_args = (args.pack_rows, args.max_batch_tokens, self.ref_model, shared)
-        self.policy_forward = PolicyForward(self.accelerator.device, pad_token_id(self._tokenizer), *forward_args)
-
         rank = self.accelerator.process_index
         pool = EpisodePool(factories, args.eps_per_env, np_rng_for_rank(args.seed, rank), args.outcome_baseline_window)
         self.rollout = Rollout(pool, self._tokenizer, args, seed=args.seed * 1_000_003 + rank)
+        pad_id, sharded_model = pad_token_id(self._tokenizer), self._dist.is_zero3 or self.is_fsdp_enabled
+        self.even_forwards = even_forwards_for(
+            sharded_model, self.accelerator.device, self.rollout.observer, pad_id, factories
+        )
+        forward_args = (args.pack_rows, args.max_batch_tokens, self.ref_model, shared, self.even_forwards)
+        self.policy_forward = PolicyForward(self.accelerator.device, pad_id, *forward_args)
         self.rollout.continuation_logits = self._continuation_logits
         self.env_factories = factories
         self._last_generation_time = None
@@ -162,6 +170,7 @@ class AleaEnvGRPOTrainer(
         """Three parameter groups: heads (``lr_head``), backbone (``learning_rate``), extras (``lr_aux``)."""
         if self.optimizer is None:
             self.optimizer = grouped_optimizer(self)
+            warn_if_no_float32_master(self.model, self.optimizer, self.is_deepspeed_enabled)
         return self.optimizer
 
     def _get_train_sampler(self, dataset=None):
@@ -218,7 +227,8 @@ class AleaEnvGRPOTrainer(
                 return self._rollout_logits(policy, packed)
 
             self.rollout.step = self.state.global_step
-            rows = self.rollout.collect(n_rows, logits_fn)
+            with self.even_forwards.region(self._forward_modules(policy)):
+                rows = self.rollout.collect(n_rows, logits_fn)
             policy.train(was_training)
         self._log_rollout_stats(mode, n_rows)
         inputs = rows_to_inputs(rows, self.args.num_generations)
@@ -251,7 +261,7 @@ class AleaEnvGRPOTrainer(
         if "decision_slot" in inputs:
             return self._loss_with_sampling(model, len(inputs["decision_slot"]))
         output, _, batch = self._answer(model, inputs["packed"], with_reference=False)
-        return self._loss(output, batch, inputs, self.policy_forward.padded_tokens)
+        return self._loss(output, batch, inputs, self.policy_forward.padded_tokens, self.policy_forward.dummy_loss)
 
     def _answer(self, model, packed, with_reference: bool):
         """``packed`` answered by ``model`` (and the reference): see :class:`~alea_trl.trainer.forward.PolicyForward`."""
@@ -264,22 +274,29 @@ class AleaEnvGRPOTrainer(
         rollout = self.rollout
         replay, wave = rollout.replays_and_wave(n_slots)
         output, ref_choice, batch = self._answer(model, [row.packed for row in replay] + wave.packed, self.beta != 0.0)
-        padded_tokens = self.policy_forward.padded_tokens  # before branch continuations run their own forwards
+        padded_tokens, dummy_loss = self.policy_forward.padded_tokens, self.policy_forward.dummy_loss  # see above
         n_replay = len(replay)
         act = act_rows(output.choice_logits.detach(), batch)[n_replay:]
         ref = act_rows(ref_choice, batch)[n_replay:] if ref_choice is not None else None
         rollout.step = self.state.global_step
-        rows = rollout.advance(wave, act, ref)
+        with self.even_forwards.region(self._forward_modules()):  # branch continuations
+            rows = rollout.advance(wave, act, ref)
         inputs = sampled_forward_inputs(replay, wave, rows, self.args.num_generations, rollout.env_index)
         self._log_completions(inputs)
         self._log_rollout_stats("train", len(batch.questions))
-        loss = self._loss(output, batch, inputs, padded_tokens)
+        loss = self._loss(output, batch, inputs, padded_tokens, dummy_loss)
         rollout.prefetch(wave.episodes)  # their next decisions, observed while the backward pass runs
         return loss
 
-    def _loss(self, output, batch, inputs, padded_tokens: int):
-        """:func:`~alea_trl.trainer.loss.grpo_loss` of one forward's outputs; logs its terms and the forward's
-        tokens, and stops on a non-finite term before the backward pass."""
+    def _forward_modules(self, policy=None) -> dict:
+        """The modules whose forwards :class:`~alea_trl.trainer.even_forwards.EvenForwards` keeps in step."""
+        policy = policy if policy is not None else self.accelerator.unwrap_model(self.model)
+        return {1: policy} | ({2: self.ref_model} if self.ref_model is not None else {})
+
+    def _loss(self, output, batch, inputs, padded_tokens: int, dummy_loss=None):
+        """:func:`~alea_trl.trainer.loss.grpo_loss` of one forward's outputs (plus the zero-weight outputs of dummy
+        forwards, see :mod:`~alea_trl.trainer.even_forwards`); logs its terms and the forward's tokens, and stops on
+        a non-finite term before the backward pass."""
         mode = "train" if self.model.training else "eval"
         loss, terms = grpo_loss(
             output,
@@ -310,7 +327,7 @@ class AleaEnvGRPOTrainer(
         self._metrics[mode].pop("tokens/counted")
         self.state.num_input_tokens_seen += round(means["tokens/counted"] * self.accelerator.num_processes)
         self._metrics[mode]["num_tokens"] = [self.state.num_input_tokens_seen]
-        return loss
+        return loss if dummy_loss is None else loss + dummy_loss
 
     def _track_num_input_tokens(self, inputs):
         """Trainer counts ``input_ids`` of the dataloader's batch; ours holds decision slots. The loss forward counts

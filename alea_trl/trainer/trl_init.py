@@ -14,6 +14,8 @@ Design decisions:
    run the policy's weights, and a head model has no LM head. The patch is removed.
 6. It enables a Mixture-of-Experts router loss when the backbone's config declares one (``router_aux_loss_coef``
    unset), which the Alea forward never returns: such a backbone is refused unless the field is 0.0.
+7. It warns that ``model_init_kwargs`` were ignored whenever it receives a model instance; when the trainer itself
+   loaded the model from a path with them, it does not see them (for a user's instance the warning stays true).
 """
 
 from __future__ import annotations
@@ -29,17 +31,21 @@ def rewards_come_from_envs(*args, **kwargs):
 
 
 @contextlib.contextmanager
-def grpo_init_guards(model, args):
-    """For the duration of ``GRPOTrainer.__init__``: a generation config on ``model``, ``args.beta == 0`` and
-    ``args.sync_ref_model == False``."""
+def grpo_init_guards(model, args, loaded_from_path: bool = False):
+    """For the duration of ``GRPOTrainer.__init__``: a generation config on ``model``, ``args.beta == 0``,
+    ``args.sync_ref_model == False``, and, when the trainer loaded ``model`` from a path with
+    ``args.model_init_kwargs``, no ``model_init_kwargs`` (GRPOTrainer would warn that they were ignored)."""
     beta, sync, had_config = args.beta, args.sync_ref_model, getattr(model, "generation_config", None) is not None
+    init_kwargs = args.model_init_kwargs
     if not had_config:
         model.generation_config = GenerationConfig()
     args.beta, args.sync_ref_model = 0.0, False
+    if loaded_from_path:
+        args.model_init_kwargs = None
     try:
         yield
     finally:
-        args.beta, args.sync_ref_model = beta, sync
+        args.beta, args.sync_ref_model, args.model_init_kwargs = beta, sync, init_kwargs
         if not had_config:
             del model.generation_config
 
