@@ -10,10 +10,7 @@ import random
 import numpy as np
 import pytest
 
-
-pytest.importorskip("textarena")  # optional: pip install textarena
-
-from alea_trl.envs.textarena import GAMES, TextArenaEnv  # noqa: E402
+from alea_trl.envs.textarena import GAMES, TextArenaEnv
 
 
 @pytest.mark.parametrize("game", sorted(GAMES))
