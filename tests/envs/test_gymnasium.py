@@ -9,19 +9,17 @@ import re
 from functools import cache
 from pathlib import Path
 
+import gymnasium  # the optional extra `gym`, installed by `.[dev]`
 import numpy as np
 import pytest
 
+from alea_trl.envs import make_env
+from alea_trl.envs.gymnasium import GymnasiumEnv, blackjack_model, solve
+from alea_trl.envs.gymnasium.blackjack import CARD_PROBS, dealer_outcomes, state_index
+from alea_trl.envs.registry import GYM_ENVS
+from alea_trl.questions import validate_action_rewards, validate_targets
 
-gymnasium = pytest.importorskip("gymnasium")  # the optional extra `gym` (installed by `.[dev]`)
-
-from alea_trl.envs import make_env  # noqa: E402
-from alea_trl.envs.gymnasium import GymnasiumEnv, blackjack_model, solve  # noqa: E402
-from alea_trl.envs.gymnasium.blackjack import CARD_PROBS, dealer_outcomes, state_index  # noqa: E402
-from alea_trl.envs.registry import GYM_ENVS  # noqa: E402
-from alea_trl.questions import validate_action_rewards, validate_targets  # noqa: E402
-
-from .test_contract import _rollout  # noqa: E402
+from .test_contract import _rollout
 
 
 # episodes per env: a few thousand steps each keeps the whole Monte Carlo check to seconds
