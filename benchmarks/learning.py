@@ -180,6 +180,10 @@ TRAINING_HPARAMS = [
     ("num_iterations", int, 1, "optimizer steps per rollout batch"),
     ("outcome_advantage", str, "branch", "outcome decisions: branch (env copies), rtg (reward-to-go) or episode"),
     ("branch_limit", int, 8, "most outcome decisions branched per batch (outcome_advantage branch)"),
+    ("outcome_loss_weight", float, 1.0, "weight of the outcome envs' policy-loss mean (the dense envs' has weight 1)"),
+    ("entropy_coef", float, 0.0, "entropy bonus coefficient (the initial one with --adaptive_entropy)"),
+    ("adaptive_entropy", int, 0, "1: TRL's adaptive entropy control (use_adaptive_entropy) towards --entropy_target"),
+    ("entropy_target", float, 0.2, "mean act entropy (nats) the adaptive control keeps"),
 ]
 MODEL_HPARAMS = [
     ("layers", int, 4, "backbone decoder layers"),
@@ -245,6 +249,10 @@ def train_one(args, seed: int) -> tuple[list, dict, list, list]:
         dense_advance=args.dense_advance,
         outcome_advantage=args.outcome_advantage,
         branch_limit=args.branch_limit,
+        outcome_loss_weight=args.outcome_loss_weight,
+        entropy_coef=args.entropy_coef,
+        use_adaptive_entropy=bool(args.adaptive_entropy),
+        entropy_target=args.entropy_target,
         num_iterations=args.num_iterations,
         beta=args.beta,
         temperature=args.temperature,

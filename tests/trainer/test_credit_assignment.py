@@ -10,8 +10,10 @@ import torch
 
 from alea_trl import AleaEnvGRPOTrainer
 from alea_trl.envs import AleaEnv
+from alea_trl.envs.nim import NimEnv, legal_moves, opponent_move_probs
 from alea_trl.questions import Decision, Question
-from alea_trl.trainer.pool import EpisodePool
+from alea_trl.trainer.branching import branch_values
+from alea_trl.trainer.pool import Episode, EpisodePool
 from alea_trl.trainer.rollout import Rollout
 
 from .conftest import TOY_FACTORIES
@@ -91,6 +93,55 @@ def test_branching_values_each_sampled_action_by_its_return_in_an_env_copy(token
     torch.testing.assert_close(torch.tensor(row.advantages), expected)
     assert wave.episodes[0].env.t == before + 1  # the episode itself took one step (the first sample)
     assert rollout.pop_stats()["branch/continuation_decisions"] == [8.0]  # 4 copies x the 2 decisions left
+
+
+def _nim_value_under_uniform_play(piles: tuple, action: int, epsilon: float) -> float:
+    """The agent's expected return after ``action`` at ``piles`` when it plays uniformly at random afterwards, by
+    brute-force recursion over the ε-optimal opponent's moves (+1 if the agent takes the last stone, -1 if the
+    opponent does)."""
+    pile, k = legal_moves(piles)[action]
+    after = list(piles)
+    after[pile] -= k
+    if sum(after) == 0:
+        return 1.0
+    value = 0.0
+    for (opp_pile, opp_k), p in zip(legal_moves(after), opponent_move_probs(after, epsilon)):
+        mine = list(after)
+        mine[opp_pile] -= opp_k
+        if sum(mine) == 0:
+            value -= p
+        else:
+            n = sum(mine)
+            value += p * sum(_nim_value_under_uniform_play(tuple(mine), a, epsilon) for a in range(n)) / n
+    return value
+
+
+def test_branch_values_are_unbiased_in_a_two_player_game(tokenizer, make_args):
+    """Nim against its ε-optimal opponent (the opponent moves inside the env): the mean branch return of each action
+    under a uniform continuation policy matches its exact value from the agent's side, by brute force."""
+    piles, n_repeats = (1, 2, 2), 300
+    rollout = _rollout(tokenizer, make_args, NimEnv, outcome_advantage="branch")
+
+    def uniform_legal(packed):  # the continuation: uniform over each decision's legal moves
+        return torch.stack(
+            [torch.where(torch.arange(9) < len(p.questions[0].options), 0.0, -torch.inf) for p in packed]
+        )
+
+    episodes = []
+    for i in range(n_repeats):  # the same position, each with its own generator for the opponent's future moves
+        env = NimEnv(n_piles=3, max_stones=3).reset(np.random.default_rng([7, i]))
+        env.piles, env._decision = list(piles), None
+        episodes.append(Episode("nim", env))
+    n = sum(piles)
+    values, answered = branch_values(
+        episodes, [list(range(n))] * n_repeats, rollout.observer, uniform_legal, torch.Generator().manual_seed(0),
+        temperature=1.0, limit=n_repeats, not_copyable=set(),
+    )  # fmt: skip
+    assert answered > 0 and all(v is not None for v in values)
+    mean = np.mean(values, axis=0)
+    exact = [_nim_value_under_uniform_play(piles, a, 0.3) for a in range(n)]
+    assert max(exact) - min(exact) > 0.5  # the moves differ: a wrong sign or perspective would show
+    np.testing.assert_allclose(mean, exact, atol=0.16)  # returns are +-1: 300 repeats give a standard error <= 0.058
 
 
 def test_an_env_that_cannot_be_copied_falls_back_to_reward_to_go_with_one_warning(tokenizer, make_args):
