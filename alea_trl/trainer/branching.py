@@ -10,7 +10,8 @@ Design decisions:
    random numbers: their differences come from the actions and the policy's later choices), and branching never
    advances the pool's own stream.
 3. The branches of all decisions of a wave advance together: each round observes every live branch, answers them in
-   one no-grad forward (``continuation_logits``) and samples one action each.
+   one no-grad forward (``continuation_logits``) and samples one action each. Only the act is packed and
+   answered there (``Observer.prepare(act_only=True)``): the reports' tokens and oracle targets would go unused.
 4. Cost: about k x (decisions left in the episode) forwards without autograd per branched decision. ``branch_limit``
    caps the decisions branched per call; the others (and those whose env cannot be copied or fails in a copy) are
    valued by reward-to-go when their episode ends.
@@ -103,7 +104,7 @@ def branch_values(
                 live.append((i, j, env))
         prepared = []  # (packed decision, branch)
         for i, j, env in live:
-            where, value, _ = observer.prepare(env, episodes[i].env_name)
+            where, value, _ = observer.prepare(env, episodes[i].env_name, act_only=True)
             if where is not None:  # a copy whose decision does not validate or fit: value this decision otherwise
                 failed.add(i)
             else:

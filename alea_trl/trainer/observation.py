@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..envs.base import AleaEnv
 from ..packing import PackedRequest, pack_request
-from ..questions import validate_action_rewards, validate_targets
+from ..questions import ACT_QID, validate_action_rewards, validate_targets
 from .pool import Episode
 
 
@@ -73,23 +73,29 @@ class Observer:
             self.stats["skipped_decisions"].append(0.0)
         return wave
 
-    def prepare(self, env, name: str):
+    def prepare(self, env, name: str, act_only: bool = False):
         """Observe, validate and pack ``env``'s decision without side effects: ``(None, (packed, targets, rewards),
         decision)``, or ``(where, error, decision)`` with ``where`` "observe" (a malformed decision, target or
-        reward, or an error inside the env) or "pack" (the decision does not fit ``max_len``)."""
+        reward, or an error inside the env) or "pack" (the decision does not fit ``max_len``).
+
+        With ``act_only`` (branch continuations, which use only the act) the report questions are neither packed nor
+        their targets computed: the act's logits are the same (a question attends only to the state and itself), for
+        ~20-30% fewer tokens on the built-in envs; ``targets`` and ``rewards`` are then ``None``."""
         decision = None
         try:
             decision = env.observe()
-            targets = validate_targets(decision, env.oracle_targets(), env=name)
-            rewards = validate_action_rewards(decision, env.action_rewards(), env=name) if env.dense else None
+            if act_only:
+                targets = rewards = None
+            else:
+                targets = validate_targets(decision, env.oracle_targets(), env=name)
+                rewards = validate_action_rewards(decision, env.action_rewards(), env=name) if env.dense else None
             if decision.n_legal < 1:
                 raise ValueError(f"env {name!r}: question 'act', field 'options': no legal action")
         except Exception as err:
             return "observe", err, decision
+        questions = [q for q in decision.questions if q.qid == ACT_QID] if act_only else decision.questions
         try:
-            packed = pack_request(
-                self.tokenizer, decision.state, decision.questions, max_len=self.args.max_len, env=name
-            )
+            packed = pack_request(self.tokenizer, decision.state, questions, max_len=self.args.max_len, env=name)
         except ValueError as err:
             return "pack", err, decision
         _ = packed.arrays  # the arrays collation reads, made here (in the background thread when prefetching)

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from alea_trl import AleaEnvGRPOTrainer
+from alea_trl.collate import collate_segments
 from alea_trl.envs import AleaEnv
 from alea_trl.envs.nim import NimEnv, legal_moves, opponent_move_probs
 from alea_trl.questions import Decision, Question
 from alea_trl.trainer.branching import branch_values
+from alea_trl.trainer.forward import act_rows
 from alea_trl.trainer.pool import Episode, EpisodePool
 from alea_trl.trainer.rollout import Rollout
 
@@ -142,6 +144,34 @@ def test_branch_values_are_unbiased_in_a_two_player_game(tokenizer, make_args):
     exact = [_nim_value_under_uniform_play(piles, a, 0.3) for a in range(n)]
     assert max(exact) - min(exact) > 0.5  # the moves differ: a wrong sign or perspective would show
     np.testing.assert_allclose(mean, exact, atol=0.16)  # returns are +-1: 300 repeats give a standard error <= 0.058
+
+
+def test_continuations_pack_only_the_act_and_answer_it_as_the_full_decision_does(tokenizer, make_args, tiny_model):
+    """Branch continuations use only the act: they are packed without the report questions, and the act's logits of
+    a real model on that packing equal those on the full decision (a question attends only to the state and itself)."""
+    model = tiny_model().eval()
+    rollout = _rollout(tokenizer, make_args, NimEnv, outcome_advantage="branch")
+    seen = []
+
+    def act_logits(packed):
+        batch = collate_segments(packed, tokenizer.pad_token_id).to("cpu")
+        with torch.no_grad():
+            return act_rows(model(**batch.model_inputs()).choice_logits, batch)
+
+    def continuation(packed):
+        seen.extend(packed)
+        return act_logits(packed)
+
+    rollout.continuation_logits = continuation
+    wave = rollout.observe_wave(1)
+    rollout.advance(wave, act_logits(wave.packed))
+    assert seen and all([q.qid for q in p.questions] == ["act"] for p in seen)
+    assert len(wave.packed[0].questions) == 4  # the trained decision keeps its reports
+    env = NimEnv(n_piles=3, max_stones=3).reset(np.random.default_rng(3))
+    _, (full, targets, _), _ = rollout.observer.prepare(env, "nim")
+    _, (act_only, no_targets, _), _ = rollout.observer.prepare(env, "nim", act_only=True)
+    assert len(act_only.input_ids) < len(full.input_ids) and targets and no_targets is None
+    torch.testing.assert_close(act_logits([act_only]), act_logits([full]), rtol=1e-5, atol=1e-5)
 
 
 def test_an_env_that_cannot_be_copied_falls_back_to_reward_to_go_with_one_warning(tokenizer, make_args):
