@@ -17,22 +17,13 @@ hands are one or two decisions, its returns noisier). ``best_constant`` is the b
     python benchmarks/learning_gym.py --envs gym-blackjack --seeds 0,1,2,3 --steps 150 --eval_every 75 --budget_s 0
     python benchmarks/learning_gym.py --quick                             # a smoke run
 
-Figures (``benchmarks/RESULTS.md``): Blackjack reaches 0.92-1.01 in 150 steps on seeds 0-3; FrozenLake stays at a
-policy that never reaches the goal (-0.03) after 300 steps. Its optimal policy is mostly "left" and "up" (away
-from the goal, against the slipping) and one wrong action at any of states 0, 4, 8 or 14 makes the return 0, so its
+Figures: ``benchmarks/RESULTS.md``. FrozenLake's optimal policy is mostly "left" and "up" (away from the goal,
+against the slipping) and one wrong action at any of states 0, 4, 8 or 14 makes the return 0, so its
 score is all or nothing. An evaluation of a policy that stalls plays 100 decisions per episode: minutes on CPU.
 
-Why FrozenLake stalls (RESULTS.md has the per-state evidence): not the oracle or the option order (Q* is indexed
-left / down / right / up like the options, and the tests check it against brute force and Monte Carlo), but the
-policy signal. With the default group scaling every decision's best action gets an advantage of about +1 however
-small its gap, and under ``best_of_k`` about 57% of the training decisions are at states where "left" is best
-(state 0 alone, where left beats the rest by 0.01, is 31%). Before the act reads the position, the act head learns
-"left" for every state (argmax at step 10, p >= 0.99 everywhere by step 30, entropy 0.0006 by step 100); then the k
-samples of every group are the same action, its advantages are exactly 0, and nothing moves the act again, while the
-supervised reports go on learning the position. ``--scale_rewards batch`` / ``none``, ``--dense_advance sample``,
-entropy bonuses, a higher temperature and larger k were probed (200-1000 steps, seed 0): the best, ``--scale_rewards
-batch --temperature 3 --num_generations 32``, reached an exact greedy value of 0.46 against the optimal 0.744 at
-step 200 (seed 1: 0.08); none reached the 0.8 target.
+FrozenLake's act can collapse to one state-blind action before it reads the position (group scaling gives a
+near-tie's best action the same +1 as a clear one), after which every group's samples agree and carry no signal;
+``benchmarks/RESULTS.md`` has the per-state diagnosis and the settings probed.
 
 Prints the table and, last, one JSON line; writes ``<out>/learning_curves.png`` and ``<out>/learning.json``.
 """
