@@ -189,13 +189,12 @@ class AleaEnvGRPOTrainer(
     @contextlib.contextmanager
     def _unwrapped_for_rollout(self):
         """The policy module for no-grad rollout forwards (parameters gathered under DeepSpeed ZeRO-3)."""
-        if self._dist.is_zero3:
-            with unwrap_model_for_generation(
-                self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
-            ) as policy:
-                yield policy
-        else:
+        if not self._dist.is_zero3:
             yield self.accelerator.unwrap_model(self.model)
+            return
+        gather = self.args.ds3_gather_for_generation
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator, gather_deepspeed3_params=gather) as p:
+            yield p
 
     @property
     def _samples_in_loss_forward(self) -> bool:
@@ -274,10 +273,10 @@ class AleaEnvGRPOTrainer(
         rollout = self.rollout
         replay, wave = rollout.replays_and_wave(n_slots)
         output, ref_choice, batch = self._answer(model, [row.packed for row in replay] + wave.packed, self.beta != 0.0)
-        padded_tokens, dummy_loss = self.policy_forward.padded_tokens, self.policy_forward.dummy_loss  # see above
-        n_replay = len(replay)
-        act = act_rows(output.choice_logits.detach(), batch)[n_replay:]
-        ref = act_rows(ref_choice, batch)[n_replay:] if ref_choice is not None else None
+        forward = self.policy_forward  # its padded_tokens / dummy_loss now: branch continuations run it again
+        padded_tokens, dummy_loss = forward.padded_tokens, forward.dummy_loss
+        act = act_rows(output.choice_logits.detach(), batch)[len(replay) :]
+        ref = act_rows(ref_choice, batch)[len(replay) :] if ref_choice is not None else None
         rollout.step = self.state.global_step
         with self.even_forwards.region(self._forward_modules()):  # branch continuations
             rows = rollout.advance(wave, act, ref)
@@ -319,8 +318,7 @@ class AleaEnvGRPOTrainer(
         env_index = torch.where(inputs["kl_report_mask"] > 0, inputs["env_index"], -1)
         sums = loss_sums(terms, env_index, self.rollout.pool.env_names)
         stop_if_not_finite(sums, self.state.global_step)
-        count_padded = self.args.include_num_input_tokens_seen == "all"
-        sums |= token_sums(inputs["packed"], padded_tokens, count_padded)
+        sums |= token_sums(inputs["packed"], padded_tokens, self.args.include_num_input_tokens_seen == "all")
         sums |= staleness_sums(inputs, self.state.global_step)
         # as TRL's GRPOTrainer does: the running total of all processes' tokens, logged as ``num_tokens``
         means = self._log_metrics(mode, sums)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..envs.base import AleaEnv
 from ..packing import PackedRequest, pack_request
-from ..questions import ACT_QID, validate_action_rewards, validate_targets
+from ..questions import validate_action_rewards, validate_targets
 from .pool import Episode
 
 
@@ -79,8 +79,8 @@ class Observer:
         reward, or an error inside the env) or "pack" (the decision does not fit ``max_len``).
 
         With ``act_only`` (branch continuations, which use only the act) the report questions are neither packed nor
-        their targets computed: the act's logits are the same (a question attends only to the state and itself), for
-        ~20-30% fewer tokens on the built-in envs; ``targets`` and ``rewards`` are then ``None``."""
+        their targets computed: the act's logits are the same (a question attends only to the state and itself) for
+        fewer tokens; ``targets`` and ``rewards`` are then ``None``."""
         decision = None
         try:
             decision = env.observe()
@@ -93,7 +93,7 @@ class Observer:
                 raise ValueError(f"env {name!r}: question 'act', field 'options': no legal action")
         except Exception as err:
             return "observe", err, decision
-        questions = [q for q in decision.questions if q.qid == ACT_QID] if act_only else decision.questions
+        questions = [decision.act] if act_only else decision.questions
         try:
             packed = pack_request(self.tokenizer, decision.state, questions, max_len=self.args.max_len, env=name)
         except ValueError as err:

@@ -124,7 +124,7 @@ def test_branch_values_are_unbiased_in_a_two_player_game(tokenizer, make_args):
     piles, n_repeats = (1, 2, 2), 300
     rollout = _rollout(tokenizer, make_args, NimEnv, outcome_advantage="branch")
 
-    def uniform_legal(packed):  # the continuation: uniform over each decision's legal moves
+    def uniform_legal(packed):  # the continuation: uniform over each decision's legal moves (at most 3 x 3 = 9)
         return torch.stack(
             [torch.where(torch.arange(9) < len(p.questions[0].options), 0.0, -torch.inf) for p in packed]
         )
