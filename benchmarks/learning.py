@@ -166,7 +166,8 @@ TRAINING_HPARAMS = [
     ("warmup", int, 24, "warm-up steps"),
     ("beta", float, 0.0, "KL weight"),
     ("temperature", float, 1.0, "sampling temperature of the act head"),
-    ("num_generations", int, 8, "k, actions sampled per dense decision"),
+    ("num_generations", int, 8, "k, actions sampled per decision"),
+    ("num_generations_per_env", str, "nim=16", "k by env for the named envs (others: --num_generations); '' for none"),
     ("eps_per_env", int, 8, "live episodes per env and process"),
     ("max_batch", int, 40, "decisions per separate rollout forward (num_iterations > 1)"),
     ("batch_size", int, 20, "per_device_train_batch_size (decisions per step)"),
@@ -231,17 +232,24 @@ def tiny_model(args) -> AleaModel:
     )
 
 
+def env_integers(text: str) -> dict[str, int]:
+    """``"hmm=9,nim=2"`` as ``{"hmm": 9, "nim": 2}``."""
+    return {k: int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
+
+
 def train_one(args, seed: int) -> tuple[list, dict, list, list]:
     """One training run from a fresh random backbone; returns the evaluation points, the random / oracle returns of
     the evaluation episodes and, per point, every env's normalised score of the realised returns and report skills."""
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(ASSET)
     model = tiny_model(args)
-    weights = {env: 1 for env in ENVS} | {k: int(v) for k, v in (kv.split("=") for kv in args.mix.split(",") if kv)}
+    weights = {env: 1 for env in ENVS} | env_integers(args.mix)
     weights = {env: w for env, w in weights.items() if env in ENVS}
+    k_env = env_integers(args.num_generations_per_env)
     # an env of weight w trains as w copies (fair round-robin over names: w shares of each wave and batch)
     kw = args.env_kwargs
-    copies = {f"{e}_{i}" if i else e: RegisteredEnvFactory(e, kw.get(e)) for e, w in weights.items() for i in range(w)}
+    copy_of = {f"{e}_{i}" if i else e: e for e, w in weights.items() for i in range(w)}
+    copies = {name: RegisteredEnvFactory(e, kw.get(e)) for name, e in copy_of.items()}
     config = AleaEnvGRPOConfig(
         output_dir=os.path.join(args.out, f"seed{seed}"),
         envs=list(copies),
@@ -257,6 +265,7 @@ def train_one(args, seed: int) -> tuple[list, dict, list, list]:
         beta=args.beta,
         temperature=args.temperature,
         num_generations=args.num_generations,
+        num_generations_per_env={name: k_env[e] for name, e in copy_of.items() if e in k_env},
         eps_per_env=args.eps_per_env,
         max_batch=args.max_batch,
         max_len=1024,

@@ -54,7 +54,9 @@ class CompletionsLog:
 
     def _reset_completion_logs(self) -> None:
         """TRL's ``_logs``, sized to one generation batch of sampled actions."""
-        n = self.args.generation_batch_size * self.args.num_generations
+        n = self.args.generation_batch_size * max(
+            [self.args.num_generations, *self.args.num_generations_per_env.values()]
+        )
         self._logs = {
             "images": deque(maxlen=n),
             "prompt": deque(maxlen=n),

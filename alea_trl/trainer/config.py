@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +99,10 @@ class AleaEnvGRPOConfig(GRPOConfig):
         branch_limit (`int`, *optional*, defaults to `8`):
             With `outcome_advantage="branch"`, the most outcome decisions branched per batch of decisions; the others
             are valued by reward-to-go.
+        num_generations_per_env (`dict[str, int]`, *optional*):
+            k by env name, for the named envs; the others sample `num_generations`. An env whose groups need more
+            samples (an outcome env whose best move k = 8 draws often miss) gets them without widening every
+            env's; with branching its cost grows with its k. A JSON string is accepted.
         outcome_loss_weight (`float`, *optional*, defaults to `1.0`):
             The policy loss averages the dense envs' samples and the outcome envs' samples separately and adds the
             two means, the outcome mean times this weight: a dense decision carries k samples and an outcome
@@ -224,7 +229,11 @@ class AleaEnvGRPOConfig(GRPOConfig):
         default="grpo",
         metadata={"help": "Policy-loss formulation; 'grpo' (= 'bnpo' = 'luspo' here): the mean over sampled actions."},
     )
-    num_generations: int | None = field(default=8, metadata={"help": "k: actions sampled per dense decision."})
+    num_generations: int | None = field(default=8, metadata={"help": "k: actions sampled per decision."})
+    num_generations_per_env: dict[str, int] | str | None = field(
+        default=None,
+        metadata={"help": "k by env name for the named envs (others: num_generations), e.g. '{\"nim\": 16}'."},
+    )
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Decisions per loss forward."})
     logging_steps: float = field(default=10, metadata={"help": "Log every this many optimizer steps."})
     ddp_broadcast_buffers: bool | None = field(
@@ -285,8 +294,31 @@ class AleaEnvGRPOConfig(GRPOConfig):
                 f"AleaEnvGRPOConfig: field 'max_batch_tokens': must be at least max_len={self.max_len} so that any "
                 f"valid decision fits in a forward, got {self.max_batch_tokens}"
             )
+        self.num_generations_per_env = _env_integers(self, "num_generations_per_env", minimum=2)
         check_resolved_fields(self)
         check_generation_pacing(self, pacing_field)
+
+
+def _env_integers(args, name: str, minimum: int) -> dict[str, int]:
+    """The dict field ``name`` (env name -> integer >= ``minimum``; a JSON string is accepted) checked, or a
+    ``ValueError`` naming the field."""
+    value = getattr(args, name)
+    if value is None or value == {}:
+        return {}
+    where = f"AleaEnvGRPOConfig: field '{name}'"
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not JSON ({err}): {value!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: must map env names to integers, got {value!r}")
+    for env, m in value.items():
+        if env not in args.envs:
+            raise ValueError(f"{where}: env {env!r} is not in envs {args.envs}")
+        if isinstance(m, bool) or not isinstance(m, int) or m < minimum:
+            raise ValueError(f"{where}: env {env!r}: must be an integer >= {minimum}, got {m!r}")
+    return dict(value)
 
 
 __all__ = ["AleaEnvGRPOConfig"]

@@ -230,7 +230,7 @@ class AleaEnvGRPOTrainer(
                 rows = self.rollout.collect(n_rows, logits_fn)
             policy.train(was_training)
         self._log_rollout_stats(mode, n_rows)
-        inputs = rows_to_inputs(rows, self.args.num_generations)
+        inputs = rows_to_inputs(rows, self.rollout.widest)
         self._log_completions(inputs)
         return inputs
 
@@ -280,7 +280,7 @@ class AleaEnvGRPOTrainer(
         rollout.step = self.state.global_step
         with self.even_forwards.region(self._forward_modules()):  # branch continuations
             rows = rollout.advance(wave, act, ref)
-        inputs = sampled_forward_inputs(replay, wave, rows, self.args.num_generations, rollout.env_index)
+        inputs = sampled_forward_inputs(replay, wave, rows, rollout.widest, rollout.env_index)
         self._log_completions(inputs)
         self._log_rollout_stats("train", len(batch.questions))
         loss = self._loss(output, batch, inputs, padded_tokens, dummy_loss)

@@ -78,6 +78,10 @@ class Rollout:
         self.filters = (args.top_k, args.top_p, args.min_p)  # of the distribution actions are drawn from
         # GRPOConfig's reward_weights: one reward source (the env), so one weight on every reward it reports
         self.reward_weight = float(args.reward_weights[0]) if args.reward_weights else 1.0
+        # k per env (num_generations, or num_generations_per_env's); a wave draws the widest and each row keeps its k
+        per_env = getattr(args, "num_generations_per_env", None) or {}
+        self.group_size = {name: per_env.get(name, args.num_generations) for name in pool.env_names}
+        self.widest = max(self.group_size.values())
         self.stats: dict[str, list[float]] = defaultdict(list)
         self.queue: deque[DecisionRow] = deque()
         self.observer = Observer(tokenizer, args, self.stats, lambda ep: self.pool.reset_episode(ep))
@@ -175,19 +179,22 @@ class Rollout:
         entropy = act_entropy(logp_all, legal)  # (N,)
         # drawn from the top-k / top-p / min-p filtered distribution; log-probs, entropy and regret are the policy's
         draw = sampling_probs(logp_all, *self.filters)
-        actions = torch.multinomial(draw, args.num_generations, replacement=True, generator=self.generator)  # (N, k)
+        actions = torch.multinomial(draw, self.widest, replacement=True, generator=self.generator)  # (N, widest)
+        width = [self.group_size[ep.env_name] for ep in wave.episodes]  # each row's k: its first k draws
         dense = [ep.env.dense for ep in wave.episodes]
         rewards = self._expected_rewards(wave, dense, logp_all.shape) * self.reward_weight  # (N, A)
-        sampled = rewards.gather(1, actions)  # (N, k)
+        sampled = rewards.gather(1, actions)  # (N, widest)
         expected = (probs * rewards).sum(-1)  # (N,) the policy's expected reward (dense)
         regret = rewards.masked_fill(~legal, float("-inf")).amax(-1) - expected  # (N,)
         if args.dense_advance == "best_of_k":
-            dense_step = actions.gather(1, sampled.argmax(-1, keepdim=True))[:, 0]
+            beyond = torch.arange(self.widest) >= torch.tensor(width)[:, None]
+            dense_step = actions.gather(1, sampled.masked_fill(beyond, float("-inf")).argmax(-1, keepdim=True))[:, 0]
         else:
             dense_step = actions[:, 0]
         n_legal = legal.sum(-1).tolist()
-        h, reg, act, step_a = entropy.tolist(), regret.tolist(), actions.tolist(), dense_step.tolist()
-        logp_act = logp_all.gather(1, actions).tolist()
+        h, reg, step_a = entropy.tolist(), regret.tolist(), dense_step.tolist()
+        act = [a[:w] for a, w in zip(actions.tolist(), width)]
+        logp_act = [lp[:w] for lp, w in zip(logp_all.gather(1, actions).tolist(), width)]
         branched = self._branch(wave, dense, act)
 
         rows: list[DecisionRow | None] = []
@@ -212,8 +219,8 @@ class Rollout:
         values = sampled.clone()
         for i, v in enumerate(branched):
             if v is not None:
-                values[i] = torch.tensor(v, dtype=values.dtype)
-        self._set_group_advantages(wave, rows, values)
+                values[i, : len(v)] = torch.tensor(v, dtype=values.dtype)
+        self._set_group_advantages(wave, rows, values, width)
         return rows
 
     def _branch(self, wave: Wave, dense: list[bool], actions: list[list[int]]) -> list[list[float] | None]:
@@ -271,18 +278,24 @@ class Rollout:
             self._finish(ep)
         return True
 
-    def _set_group_advantages(self, wave: Wave, rows: list[DecisionRow | None], values: torch.Tensor) -> None:
-        """Group advantages of the rows valued now (dense, branched) from their k sampled actions' values `(N, k)`."""
+    def _set_group_advantages(
+        self, wave: Wave, rows: list[DecisionRow | None], values: torch.Tensor, width: list[int]
+    ) -> None:
+        """Group advantages of the rows valued now (dense, branched) from their sampled actions' values
+        `(N, widest)`, each row over its own first ``width[i]`` (its env's k; an env's rows share one k, so a
+        ``"batch"`` std taken within rows of one width is its env's)."""
         ready = [i for i, row in enumerate(rows) if row is not None and row.ready]
-        if not ready:
-            return
-        r = values[ready]  # (D, k)
-        batch_std = None
-        if self.args.scale_rewards == "batch":
-            env_ids = torch.tensor([self.env_index[wave.episodes[i].env_name] for i in ready])
-            batch_std = env_batch_std(r, env_ids)
-        for i, adv, value in zip(ready, group_advantages(r, self.args.scale_rewards, batch_std).tolist(), r.tolist()):
-            rows[i].advantages, rows[i].values = adv, value
+        for k in sorted({width[i] for i in ready}):
+            group = [i for i in ready if width[i] == k]
+            r = values[group, :k]  # (D, k)
+            batch_std = None
+            if self.args.scale_rewards == "batch":
+                env_ids = torch.tensor([self.env_index[wave.episodes[i].env_name] for i in group])
+                batch_std = env_batch_std(r, env_ids)
+            for i, adv, value in zip(
+                group, group_advantages(r, self.args.scale_rewards, batch_std).tolist(), r.tolist()
+            ):
+                rows[i].advantages, rows[i].values = adv, value
 
     def _finish(self, ep: Episode) -> None:
         """Record a finished episode's returns, recycle it, and queue its waiting rows with their advantages.

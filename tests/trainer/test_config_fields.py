@@ -102,6 +102,10 @@ REFUSED_COMBINATIONS = [
     (dict(sync_ref_model=True, ref_model_sync_steps=0), "ref_model_sync_steps"),
     (dict(steps_per_generation=2), "steps_per_generation"),
     (dict(generation_batch_size=8), "generation_batch_size"),
+    (dict(num_generations_per_env={"chess": 16}), "num_generations_per_env"),
+    (dict(num_generations_per_env={"nim": 1}), "num_generations_per_env"),
+    (dict(num_generations_per_env={"nim": 1.5}), "num_generations_per_env"),
+    (dict(num_generations_per_env="nim=16"), "num_generations_per_env"),
 ]
 
 # valid values of the fields the trainer acts on: accepted
@@ -122,6 +126,7 @@ ACCEPTED = [
     dict(steps_per_generation=2, sample_in_loss_forward=False),
     dict(steps_per_generation=2, num_iterations=2),
     dict(gradient_accumulation_steps=2, steps_per_generation=2),
+    dict(num_generations_per_env={"nim": 16, "bandit": 2}),
 ]
 
 
@@ -288,3 +293,8 @@ def test_bad_filter_values_are_named(kwargs, name):
 def test_a_row_without_legal_actions_is_an_error():
     with pytest.raises(ValueError, match="field 'logits'"):
         filter_action_logits(torch.tensor([[0.0, 1.0], [NEG_INF, NEG_INF]]), top_k=1)
+
+
+def test_num_generations_per_env_takes_json_from_the_command_line(make_args):
+    assert make_args(num_generations_per_env='{"nim": 16}').num_generations_per_env == {"nim": 16}
+    assert make_args().num_generations_per_env == {}

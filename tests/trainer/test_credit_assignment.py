@@ -97,6 +97,32 @@ def test_branching_values_each_sampled_action_by_its_return_in_an_env_copy(token
     assert rollout.pop_stats()["branch/continuation_decisions"] == [8.0]  # 4 copies x the 2 decisions left
 
 
+def test_an_env_of_its_own_k_gets_groups_of_that_size(tokenizer, make_args):
+    """``num_generations_per_env``: the named env's decisions sample and value their own k (here 6 against the
+    others' 4: a dense and an outcome env), each group centred on its own mean, and branching pays for that env's k."""
+    factories = {"counting": CountingEnv, **TOY_FACTORIES}
+    args = make_args(
+        envs=list(factories), eps_per_env=1, num_generations=4, scale_rewards="none",
+        num_generations_per_env={"counting": 6}, outcome_advantage="branch", branch_limit=8,
+    )  # fmt: skip
+    pool = EpisodePool(factories, eps_per_env=1, rng=np.random.default_rng(0))
+    rollout = Rollout(pool, tokenizer, args, seed=0)
+    rollout.continuation_logits = lambda packed: torch.tensor([[0.0, -1e9, -1e9]] * len(packed))  # always "zero"
+    assert rollout.widest == 6
+    wave = rollout.observe_wave(3)
+    rows = rollout.advance(wave, [torch.zeros(ep.env.observe().n_legal) for ep in wave.episodes])  # uniform
+    widths = {ep.env_name: len(row.actions) for ep, row in zip(wave.episodes, rows) if row.ready}
+    assert widths["counting"] == 6 and widths["named_best"] == 4
+    for row in rows:
+        if row.ready:
+            assert len(row.advantages) == len(row.values) == len(row.actions)
+            assert sum(row.advantages) == pytest.approx(0.0, abs=1e-5)
+    counting = next(row for ep, row in zip(wave.episodes, rows) if ep.env_name == "counting")
+    assert counting.values == [float(a) for a in counting.actions]  # its reward, then "zero" twice
+    # counting: 6 copies x its 2 decisions left; three_in_a_row (outcome, 3 decisions): 4 copies x 2
+    assert rollout.pop_stats()["branch/continuation_decisions"] == [6 * 2 + 4 * 2]
+
+
 def _nim_value_under_uniform_play(piles: tuple, action: int, epsilon: float) -> float:
     """The agent's expected return after ``action`` at ``piles`` when it plays uniformly at random afterwards, by
     brute-force recursion over the ε-optimal opponent's moves (+1 if the agent takes the last stone, -1 if the
@@ -118,32 +144,38 @@ def _nim_value_under_uniform_play(piles: tuple, action: int, epsilon: float) -> 
     return value
 
 
-def test_branch_values_are_unbiased_in_a_two_player_game(tokenizer, make_args):
-    """Nim against its ε-optimal opponent (the opponent moves inside the env): the mean branch return of each action
-    under a uniform continuation policy matches its exact value from the agent's side, by brute force."""
-    piles, n_repeats = (1, 2, 2), 300
-    rollout = _rollout(tokenizer, make_args, NimEnv, outcome_advantage="branch")
+def _uniform_legal(packed):
+    """Continuation act logits: uniform over each nim decision's legal moves (at most 3 x 3 = 9)."""
+    return torch.stack([torch.where(torch.arange(9) < len(p.questions[0].options), 0.0, -torch.inf) for p in packed])
 
-    def uniform_legal(packed):  # the continuation: uniform over each decision's legal moves (at most 3 x 3 = 9)
-        return torch.stack(
-            [torch.where(torch.arange(9) < len(p.questions[0].options), 0.0, -torch.inf) for p in packed]
-        )
 
+def _nim_branch_values(rollout, piles, n_decisions):
+    """Branch values of every move at ``piles`` in ``n_decisions`` nim episodes (each with its own generator for the
+    opponent's future moves), continued by uniform play."""
     episodes = []
-    for i in range(n_repeats):  # the same position, each with its own generator for the opponent's future moves
+    for i in range(n_decisions):
         env = NimEnv(n_piles=3, max_stones=3).reset(np.random.default_rng([7, i]))
         env.piles, env._decision = list(piles), None
         episodes.append(Episode("nim", env))
     n = sum(piles)
     values, answered = branch_values(
-        episodes, [list(range(n))] * n_repeats, rollout.observer, uniform_legal, torch.Generator().manual_seed(0),
-        temperature=1.0, limit=n_repeats, not_copyable=set(),
+        episodes, [list(range(n))] * n_decisions, rollout.observer, _uniform_legal, torch.Generator().manual_seed(0),
+        temperature=1.0, limit=n_decisions, not_copyable=set(),
     )  # fmt: skip
-    assert answered > 0 and all(v is not None for v in values)
-    mean = np.mean(values, axis=0)
-    exact = [_nim_value_under_uniform_play(piles, a, 0.3) for a in range(n)]
+    assert all(v is not None for v in values)
+    return np.array(values), answered
+
+
+def test_branch_values_are_unbiased_in_a_two_player_game(tokenizer, make_args):
+    """Nim against its ε-optimal opponent (the opponent moves inside the env): the mean branch return of each action
+    under a uniform continuation policy matches its exact value from the agent's side, by brute force."""
+    piles = (1, 2, 2)
+    rollout = _rollout(tokenizer, make_args, NimEnv, outcome_advantage="branch")
+    values, answered = _nim_branch_values(rollout, piles, 300)
+    assert answered > 0
+    exact = [_nim_value_under_uniform_play(piles, a, 0.3) for a in range(sum(piles))]
     assert max(exact) - min(exact) > 0.5  # the moves differ: a wrong sign or perspective would show
-    np.testing.assert_allclose(mean, exact, atol=0.16)  # returns are +-1: 300 repeats give a standard error <= 0.058
+    np.testing.assert_allclose(values.mean(0), exact, atol=0.16)  # +-1 returns: 300 give a standard error <= 0.058
 
 
 def test_continuations_pack_only_the_act_and_answer_it_as_the_full_decision_does(tokenizer, make_args, tiny_model):
@@ -205,10 +237,11 @@ def test_a_sparse_three_decision_env_is_learnt(tiny_model, tokenizer, make_args)
     model = tiny_model()
     assert _p_right(model, tokenizer) < 0.45
     batches = {"eps_per_env": 16, "max_batch": 16, "per_device_train_batch_size": 16}  # 16 decisions a step
-    args = make_args(envs=["three_in_a_row"], max_steps=900, beta=0.0, logging_steps=100, **batches)
+    args = make_args(envs=["three_in_a_row"], max_steps=1200, beta=0.0, logging_steps=100, **batches)
     trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES)
     trainer.train()
-    assert _p_right(model, tokenizer) >= 0.8
+    p_right = _p_right(model, tokenizer)
+    assert p_right >= 0.8, p_right
 
 
 def test_logged_return_is_the_sampled_policys_not_the_best_of_k(tiny_model, tokenizer, make_args):
