@@ -10,6 +10,11 @@ share of an env by its number of copies (the default ``hmm=9,kelly=2,bandit=2,ni
 so hmm trains on 9/16 of the decisions, kelly, bandit and nim on 2/16 each, newsvendor on 1/16). hmm, whose state must
 really be read, gets the most. An outcome env needs more than one share: it learns from one return per episode, and
 with too few episodes in a run bandit can stay on one arm throughout.
+Outcome decisions are valued by branching (the library's default ``outcome_advantage``): each of a decision's k
+samples is played to the end in a copy of the env. nim samples k = 16 (``--num_generations_per_env nim=16``), the
+other envs 8: with 8 draws over nim's 3 to 9 legal moves the winning move is often missing from the group and the
+others get one or two ±1 returns each, while a bandit branch, 16 times over its remaining pulls, would cost most of
+the step (``benchmarks/RESULTS.md``).
 
 Two processes. On a 2-core CPU the default command is
 ``accelerate launch --config_file accelerate_configs/cpu_2proc.yaml benchmarks/learning.py``: one training process

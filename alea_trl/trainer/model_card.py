@@ -244,7 +244,7 @@ def build_model_card(
         how = (
             "Trained with `AleaEnvGRPOTrainer`, a TRL `GRPOTrainer`: GRPO (Shao et al., 2024) over the envs' decision "
             "points. The action is sampled from a head over the legal options, dense decisions are GRPO groups of "
-            f"{args.num_generations} actions scored by their exact expected rewards, outcome decisions are valued by "
+            f"{_group_sizes(args)} actions scored by their exact expected rewards, outcome decisions are valued by "
             f"{OUTCOME_VALUES.get(outcome, outcome)}; report questions are trained against exact oracles with strictly proper scoring rules ({rules})."
         )
     else:
@@ -310,6 +310,13 @@ Framework versions:
 
 {chr(10).join(f"```bibtex{chr(10)}{BIBTEX[c]}{chr(10)}```{chr(10)}" for c in cites)}"""
     return ModelCard(content)
+
+
+def _group_sizes(args) -> str:
+    """k as the card states it: ``8``, or ``8 (nim: 16)`` with per-env k."""
+    per_env = getattr(args, "num_generations_per_env", None) or {}
+    extra = ", ".join(f"{env}: {k}" for env, k in per_env.items())
+    return f"{args.num_generations} ({extra})" if extra else str(args.num_generations)
 
 
 __all__ = ["build_model_card", "changed_fields", "describe_base", "evaluation_table", "is_hub_id", "quick_start"]

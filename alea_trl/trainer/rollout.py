@@ -78,9 +78,8 @@ class Rollout:
         self.filters = (args.top_k, args.top_p, args.min_p)  # of the distribution actions are drawn from
         # GRPOConfig's reward_weights: one reward source (the env), so one weight on every reward it reports
         self.reward_weight = float(args.reward_weights[0]) if args.reward_weights else 1.0
-        # k per env (num_generations, or num_generations_per_env's); a wave draws the widest and each row keeps its k
-        per_env = getattr(args, "num_generations_per_env", None) or {}
-        self.group_size = {name: per_env.get(name, args.num_generations) for name in pool.env_names}
+        # k per env (num_generations_per_env's, else num_generations); a wave draws the widest, a row keeps its k
+        self.group_size = {n: args.num_generations_per_env.get(n, args.num_generations) for n in pool.env_names}
         self.widest = max(self.group_size.values())
         self.stats: dict[str, list[float]] = defaultdict(list)
         self.queue: deque[DecisionRow] = deque()
@@ -288,13 +287,9 @@ class Rollout:
         for k in sorted({width[i] for i in ready}):
             group = [i for i in ready if width[i] == k]
             r = values[group, :k]  # (D, k)
-            batch_std = None
-            if self.args.scale_rewards == "batch":
-                env_ids = torch.tensor([self.env_index[wave.episodes[i].env_name] for i in group])
-                batch_std = env_batch_std(r, env_ids)
-            for i, adv, value in zip(
-                group, group_advantages(r, self.args.scale_rewards, batch_std).tolist(), r.tolist()
-            ):
+            env_ids = torch.tensor([self.env_index[wave.episodes[i].env_name] for i in group])
+            std = env_batch_std(r, env_ids) if self.args.scale_rewards == "batch" else None
+            for i, adv, value in zip(group, group_advantages(r, self.args.scale_rewards, std).tolist(), r.tolist()):
                 rows[i].advantages, rows[i].values = adv, value
 
     def _finish(self, ep: Episode) -> None:

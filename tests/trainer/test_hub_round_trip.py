@@ -114,7 +114,9 @@ def test_model_card_reads_back_and_its_quick_start_runs(tiny_model, tokenizer, m
     model = tiny_model()
     model.config.backbone_name_or_path = "Qwen/Qwen3-0.6B"  # as from_backbone records a Hub backbone
     trainer = AleaEnvGRPOTrainer(
-        model, args=make_args(envs=ENVS, hub_model_id="me/alea-tiny"), processing_class=tokenizer
+        model,
+        args=make_args(envs=ENVS, hub_model_id="me/alea-tiny", num_generations_per_env={"nim": 6}),
+        processing_class=tokenizer,
     )
     trainer.train()
     trainer.evaluate()
@@ -123,6 +125,7 @@ def test_model_card_reads_back_and_its_quick_start_runs(tiny_model, tokenizer, m
     out = Path(trainer.args.output_dir)
     text = (out / "README.md").read_text()
     card = ModelCard.load(out / "README.md")
+    assert "GRPO groups of 4 (nim: 6) actions" in text  # k, and the env with its own
 
     assert (
         card.data.base_model == "Qwen/Qwen3-0.6B"
