@@ -18,6 +18,7 @@ from .config_checks import (
 
 TRAIN_MODES = ("heads", "tail", "full", "lora")
 DENSE_ADVANCE = ("best_of_k", "sample")
+DENSE_UPDATES = ("sampled", "all_actions")
 ENV_ERROR_MODES = ("raise", "skip")
 OUTCOME_ADVANTAGES = ("rtg", "branch", "episode")
 
@@ -195,6 +196,12 @@ class AleaEnvGRPOConfig(GRPOConfig):
         default="best_of_k",
         metadata={"help": "How dense episodes advance: 'best_of_k' (the seed's) or 'sample' (on-policy)."},
     )
+    dense_update: str = field(
+        default="sampled",
+        metadata={
+            "help": "What trains dense decisions: 'sampled' (the k samples) or 'all_actions' (every legal action)."
+        },
+    )
     outcome_advantage: str = field(
         default="branch",
         metadata={"help": "Outcome decisions' advantage: 'rtg' (reward-to-go), 'branch' (env copies) or 'episode'."},
@@ -274,6 +281,7 @@ class AleaEnvGRPOConfig(GRPOConfig):
         checks = [
             ("train_mode", self.train_mode in TRAIN_MODES, f"one of {TRAIN_MODES}"),
             ("dense_advance", self.dense_advance in DENSE_ADVANCE, f"one of {DENSE_ADVANCE}"),
+            ("dense_update", self.dense_update in DENSE_UPDATES, f"one of {DENSE_UPDATES}"),
             ("on_env_error", self.on_env_error in ENV_ERROR_MODES, f"one of {ENV_ERROR_MODES}"),
             ("eps_per_env", self.eps_per_env >= 1, "an integer >= 1"),
             ("max_batch", self.max_batch >= 1, "an integer >= 1"),

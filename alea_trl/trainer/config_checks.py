@@ -201,6 +201,19 @@ def check_resolved_fields(config) -> None:
     for name, ok, what in checks:
         if not ok:
             _fail(name, f"must be {what}, got {getattr(config, name)!r}", "set a valid value")
+    if config.dense_update == "all_actions":
+        for name, off in (
+            ("loss_type", config.loss_type in ("grpo", "bnpo")),
+            ("top_entropy_quantile", config.top_entropy_quantile == 1.0),
+            ("off_policy_mask_threshold", config.off_policy_mask_threshold is None),
+        ):
+            if not off:
+                _fail(
+                    name,
+                    f"{getattr(config, name)!r} acts on sampled actions, and dense_update='all_actions' trains every "
+                    "legal action of a dense decision (one term per decision)",
+                    "set dense_update='sampled' or leave this field at its default",
+                )
     if config.sync_ref_model and config.beta == 0.0:
         _fail(
             "sync_ref_model",

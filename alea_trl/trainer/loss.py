@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from ..collate import PackedBatch
 from ..losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
 from ..questions import ACT_QID, QTYPES
+from .all_actions import all_actions_loss
 from .entropy import act_entropy, high_entropy_samples
 from .policy_loss import Collectives, PolicyObjective, PolicyStats, policy_loss
 
@@ -184,6 +185,9 @@ def grpo_loss(
     logp = logp_all.gather(1, inputs["actions"].to(device))  # (N, k)
     old_logp, advantages = inputs["old_logps"].to(device), inputs["advantages"].to(device)
     sample_mask, outcome_rows = inputs["sample_mask"].to(device), inputs["outcome_rows"].to(device)
+    all_rows = inputs["all_actions_rows"].to(device) if "all_actions_rows" in inputs else None
+    if all_rows is not None:  # dense_update="all_actions": these rows' act trains by every legal action, not samples
+        sample_mask = sample_mask & ~all_rows[:, None]
     objective, collectives = objective or PolicyObjective(), collectives or Collectives()
     entropy = act_entropy(logp_all, legal) if entropy_coef is not None or objective.top_entropy_quantile < 1 else None
     keep = None
@@ -193,9 +197,17 @@ def grpo_loss(
         logp, old_logp, advantages, sample_mask, epsilon_low, epsilon_high, delta, outcome_rows, outcome_weight,
         objective=objective, keep=keep, collectives=collectives,
     )  # fmt: skip
+    if all_rows is not None and bool(all_rows.any()):
+        dense_loss, n_clipped, kl_sum = all_actions_loss(
+            logp_all, inputs["old_logps_all"].to(device), inputs["action_advantages"].to(device), legal, all_rows,
+            epsilon_low, epsilon_high,
+        )  # fmt: skip
+        pg_loss, stats = pg_loss + dense_loss, with_all_actions(stats, n_clipped, (legal & all_rows[:, None]).sum(),
+                                                               kl_sum, all_rows.sum())  # fmt: skip
     loss, bonus = pg_loss, None
     if entropy_coef is not None:
-        rows = (sample_mask if keep is None else keep).any(-1).float()  # decisions whose actions train here
+        rows = (sample_mask if keep is None else keep).any(-1)  # decisions whose actions train here
+        rows = (rows if all_rows is None else rows | all_rows).float()
         bonus = ((entropy.detach() * rows).sum(), rows.sum())
         loss = loss - entropy_coef * (entropy * rows).sum() / rows.sum().clamp(min=1.0)
     kl_report_mask = inputs["kl_report_mask"].to(device)  # (N,): rows whose KL and reports train here
@@ -212,6 +224,20 @@ def grpo_loss(
     touch = touch + output.score_logits.masked_fill(~torch.isfinite(output.score_logits), 0.0).sum()
     loss = loss + 0.0 * touch
     return loss, LossTerms(pg_loss, kl, report_loss, has_reports, stats, reports, bonus)
+
+
+def with_all_actions(stats: PolicyStats, n_clipped, n_terms, kl_sum, n_rows) -> PolicyStats:
+    """``stats`` of the sampled actions merged with the all-actions update's: ``clip_ratio`` over all the terms
+    (samples, and each all-actions decision's legal actions), ``approx_kl`` over the samples and decisions (an
+    all-actions decision gives its exact KL(behaviour || current))."""
+    n_samples = stats.n_samples.float()
+    return PolicyStats(
+        clip_ratio=(stats.clip_ratio * n_samples.clamp(min=1) + n_clipped) / (n_samples + n_terms).clamp(min=1),
+        clip_ratio_outcome=stats.clip_ratio_outcome,
+        approx_kl=(stats.approx_kl * n_samples.clamp(min=1) + kl_sum) / (n_samples + n_rows).clamp(min=1),
+        n_outcome=stats.n_outcome,
+        n_samples=stats.n_samples,
+    )
 
 
 def supervised_loss(

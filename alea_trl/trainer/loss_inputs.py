@@ -40,6 +40,9 @@ class DecisionRow:
     # what each action's advantage was computed from: its expected reward (dense), its branch return, its
     # return-to-go or the episode's return (outcome); None until known (and in rows of older checkpoints)
     values: list[float] | None = None
+    # dense_update="all_actions": every legal action's advantage and behaviour log-prob (None otherwise)
+    action_advantages: list[float] | None = None
+    old_logps_all: list[float] | None = None
 
 
 def rows_to_inputs(
@@ -61,8 +64,9 @@ def rows_to_inputs(
         `dict`: ``actions``, ``sample_mask``, ``advantages``, ``old_logps``, ``values`` (what each advantage was
         computed from, see `DecisionRow`) `(N, k)`; ``kl_report_mask`` `(N,)` (float); ``env_index``,
         ``outcome_rows`` (rows of outcome envs), ``sampled_at_step`` `(N,)`; ``ref_logps`` `(N, A)` (the reference's
-        log-probs over each row's legal actions, zero-padded; zero for rows without them); ``packed`` and
-        ``targets`` (lists).
+        log-probs over each row's legal actions, zero-padded; zero for rows without them); ``all_actions_rows``
+        `(N,)` (rows whose act trains by every legal action, ``dense_update="all_actions"``) with their
+        ``action_advantages`` and ``old_logps_all`` `(N, A)` (zero-padded); ``packed`` and ``targets`` (lists).
     """
     n = len(rows)
     trains_action = [True] * n if trains_action is None else trains_action
@@ -90,6 +94,13 @@ def rows_to_inputs(
     for i, r in enumerate(refs):
         if r is not None:
             ref[i, : r.shape[0]] = r
+    all_rows = [use and row.action_advantages is not None for row, use in zip(rows, trains_action)]
+    width = max((len(row.action_advantages) for row, use in zip(rows, all_rows) if use), default=0)
+    action_adv, old_all = torch.zeros(n, width), torch.zeros(n, width)
+    for i, row in enumerate(rows):
+        if all_rows[i]:
+            action_adv[i, : len(row.action_advantages)] = torch.tensor(row.action_advantages, dtype=torch.float32)
+            old_all[i, : len(row.old_logps_all)] = torch.tensor(row.old_logps_all, dtype=torch.float32)
     return {
         "actions": actions,
         "sample_mask": mask,
@@ -101,6 +112,9 @@ def rows_to_inputs(
         "outcome_rows": torch.tensor([row.outcome for row in rows], dtype=torch.bool),
         "sampled_at_step": torch.tensor([row.step for row in rows], dtype=torch.long),
         "ref_logps": ref,
+        "all_actions_rows": torch.tensor(all_rows, dtype=torch.bool),
+        "action_advantages": action_adv,
+        "old_logps_all": old_all,
         "packed": [row.packed for row in rows],
         "targets": [row.targets if use else {} for row, use in zip(rows, trains_kl_and_reports)],
     }

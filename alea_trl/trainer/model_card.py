@@ -243,8 +243,13 @@ def build_model_card(
         outcome = getattr(args, "outcome_advantage", None)
         how = (
             "Trained with `AleaEnvGRPOTrainer`, a TRL `GRPOTrainer`: GRPO (Shao et al., 2024) over the envs' decision "
-            "points. The action is sampled from a head over the legal options, dense decisions are GRPO groups of "
-            f"{_group_sizes(args)} actions scored by their exact expected rewards, outcome decisions are valued by "
+            "points. The action is sampled from a head over the legal options, dense decisions "
+            + (
+                'train on every legal action\'s exact expected reward (`dense_update="all_actions"`), '
+                if getattr(args, "dense_update", "sampled") == "all_actions"
+                else f"are GRPO groups of {_group_sizes(args)} actions scored by their exact expected rewards, "
+            )
+            + "outcome decisions are valued by "
             f"{OUTCOME_VALUES.get(outcome, outcome)}; report questions are trained against exact oracles with strictly proper scoring rules ({rules})."
         )
     else:

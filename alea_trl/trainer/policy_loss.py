@@ -188,12 +188,14 @@ class PolicyStats:
         approx_kl (`torch.Tensor`): ``mean((r - 1) - log r)`` over real samples, an estimate of KL(old || new)
             (Schulman, "Approximating KL divergence", 2020).
         n_outcome (`float`): outcome samples in the batch.
+        n_samples (`torch.Tensor`): real samples in the batch (the denominator of ``clip_ratio`` and ``approx_kl``).
     """
 
     clip_ratio: torch.Tensor
     clip_ratio_outcome: torch.Tensor
     approx_kl: torch.Tensor
     n_outcome: float
+    n_samples: torch.Tensor | None = None
 
 
 def policy_loss(
@@ -263,6 +265,7 @@ def policy_loss(
             clip_ratio_outcome=(clipped & outcome).float().sum() / n_outcome.clamp(min=1),
             approx_kl=((log_ratio.exp() - 1) - log_ratio).sum() / n_real,
             n_outcome=float(n_outcome),
+            n_samples=sample_mask.sum(),
         )
     return loss, stats
 

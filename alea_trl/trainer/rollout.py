@@ -35,27 +35,13 @@ import numpy as np
 import torch
 
 from .advantages import env_batch_std, group_advantages, outcome_advantage
+from .all_actions import all_action_advantages
 from .branching import branch_values
 from .entropy import act_entropy
 from .loss_inputs import DecisionRow
 from .observation import Observer, Wave
 from .pool import Episode, EpisodePool
-from .sampling import sampling_probs
-
-
-def _log_probs(logits, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Host log-probs `(N, A)` at ``temperature`` of act logits given as `(N, A)` (``-inf`` beyond the legal options)
-    or as a list of `(n_legal,)` tensors, and the legal mask."""
-    if not isinstance(logits, torch.Tensor):
-        logits = torch.nn.utils.rnn.pad_sequence(
-            [x.detach().reshape(-1) for x in logits], batch_first=True, padding_value=float("-inf")
-        )
-    logits = logits.detach().float().cpu()
-    return torch.log_softmax(logits / temperature, -1), torch.isfinite(logits)
-
-
-def _absent(ref_logits) -> bool:
-    return ref_logits is None or (not isinstance(ref_logits, torch.Tensor) and all(r is None for r in ref_logits))
+from .sampling import host_log_probs, no_logits, sampling_probs
 
 
 class Rollout:
@@ -172,8 +158,8 @@ class Rollout:
         """
         self.join_prefetch()
         args = self.args
-        logp_all, legal = _log_probs(logits, args.temperature)  # (N, A) on the host
-        ref_all = None if _absent(ref_logits) else _log_probs(ref_logits, args.temperature)[0]
+        logp_all, legal = host_log_probs(logits, args.temperature)  # (N, A) on the host
+        ref_all = None if no_logits(ref_logits) else host_log_probs(ref_logits, args.temperature)[0]
         probs = logp_all.exp()
         entropy = act_entropy(logp_all, legal)  # (N,)
         # drawn from the top-k / top-p / min-p filtered distribution; log-probs, entropy and regret are the policy's
@@ -191,6 +177,10 @@ class Rollout:
         else:
             dense_step = actions[:, 0]
         n_legal = legal.sum(-1).tolist()
+        every = None  # dense_update="all_actions": each dense decision's legal actions' advantages
+        if args.dense_update == "all_actions":
+            env_ids = torch.tensor([self.env_index[ep.env_name] for ep in wave.episodes])
+            every = all_action_advantages(rewards, legal, logp_all, args.scale_rewards, env_ids).tolist()
         h, reg, step_a = entropy.tolist(), regret.tolist(), dense_step.tolist()
         act = [a[:w] for a, w in zip(actions.tolist(), width)]
         logp_act = [lp[:w] for lp, w in zip(logp_all.gather(1, actions).tolist(), width)]
@@ -205,6 +195,11 @@ class Rollout:
                 self.stats[f"env/{ep.env_name}/regret"].append(reg[i])
                 ep.policy_ret += float(expected[i])
                 row = DecisionRow(*made, act[i], [], logp_act[i], ref_logp)
+                if every is not None:
+                    row.action_advantages, row.old_logps_all = (
+                        every[i][: n_legal[i]],
+                        logp_all[i, : n_legal[i]].tolist(),
+                    )
                 step = step_a[i]
             elif branched[i] is not None:  # valued now: k actions, the episode goes on with the first
                 row = DecisionRow(*made, act[i], [], logp_act[i], ref_logp, outcome=True, step=self.step)

@@ -93,6 +93,22 @@ def sampling_probs(logp: torch.Tensor, top_k: int = 0, top_p: float = 1.0, min_p
     return torch.softmax(filter_action_logits(logp, top_k, top_p, min_p), -1)
 
 
+def host_log_probs(logits, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host log-probs `(N, A)` at ``temperature`` of act logits given as `(N, A)` (``-inf`` beyond the legal options)
+    or as a list of `(n_legal,)` tensors, and the legal mask."""
+    if not isinstance(logits, torch.Tensor):
+        logits = torch.nn.utils.rnn.pad_sequence(
+            [x.detach().reshape(-1) for x in logits], batch_first=True, padding_value=float("-inf")
+        )
+    logits = logits.detach().float().cpu()
+    return torch.log_softmax(logits / temperature, -1), torch.isfinite(logits)
+
+
+def no_logits(logits) -> bool:
+    """Whether ``logits`` (a tensor, a list of tensors or ``None``s, or ``None``) holds none (no reference policy)."""
+    return logits is None or (not isinstance(logits, torch.Tensor) and all(r is None for r in logits))
+
+
 def _check_filters(top_k, top_p, min_p) -> None:
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise ValueError(f"filter_action_logits: field 'top_k': must be an integer >= 0 (0: off), got {top_k!r}")
@@ -102,4 +118,4 @@ def _check_filters(top_k, top_p, min_p) -> None:
         raise ValueError(f"filter_action_logits: field 'min_p': must be None (off) or in [0, 1], got {min_p!r}")
 
 
-__all__ = ["filter_action_logits", "sampling_filters_active", "sampling_probs"]
+__all__ = ["filter_action_logits", "host_log_probs", "no_logits", "sampling_filters_active", "sampling_probs"]

@@ -106,10 +106,15 @@ REFUSED_COMBINATIONS = [
     (dict(num_generations_per_env={"nim": 1}), "num_generations_per_env"),
     (dict(num_generations_per_env={"nim": 1.5}), "num_generations_per_env"),
     (dict(num_generations_per_env="nim=16"), "num_generations_per_env"),
+    (dict(dense_update="every"), "dense_update"),
+    (dict(dense_update="all_actions", loss_type="dapo"), "loss_type"),
+    (dict(dense_update="all_actions", top_entropy_quantile=0.5), "top_entropy_quantile"),
+    (dict(dense_update="all_actions", off_policy_mask_threshold=0.5), "off_policy_mask_threshold"),
 ]
 
 # valid values of the fields the trainer acts on: accepted
 ACCEPTED = [
+    dict(dense_update="all_actions", loss_type="bnpo", delta=3.0, entropy_coef=0.01),
     dict(top_k=3, top_p=0.9, min_p=0.05),
     *[dict(loss_type=loss) for loss in ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo")],
     dict(delta=3.0, epsilon_high=0.28),
