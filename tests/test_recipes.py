@@ -61,6 +61,18 @@ def test_rl_env_recipe_trains_evaluates_and_saves_a_hub_ready_model(tmp_path, mo
     assert len(tokenizer) == model.backbone.config.vocab_size
 
 
+def test_rl_env_recipe_trains_a_registered_gymnasium_env_with_no_code(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    rl_env = _load("rl_env")
+    out = tmp_path / "lake"
+    cli = ["--config", str(QUICKSTART), "--output_dir", str(out), *TINY]
+    cli += ["--envs", "gym-frozenlake-4x4", "--dense_update", "all_actions"]
+    table = rl_env.main(*rl_env.make_parser().parse_args_and_config(cli))
+    assert set(table) == {"gym-frozenlake-4x4"}  # trained and evaluated on the registered env alone
+    card = (out / "README.md").read_text()
+    assert "gym-frozenlake-4x4" in card and "every legal action's exact expected reward" in card
+
+
 def test_sft_then_rl_chain_and_dataset_round_trip(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     sft, rl_env = _load("sft"), _load("rl_env")
