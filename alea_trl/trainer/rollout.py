@@ -10,8 +10,9 @@ Design decisions:
    trainer's ``sample_in_loss_forward``) or from a separate no-grad forward (``run_wave``: up to ``max_batch``
    decisions).
 2. Dense decisions: k actions from one set of act logits; their exact expected rewards give the group advantages
-   (:func:`~alea_trl.trainer.advantages.group_advantages`). The episode advances by the best of the k (``dense_advance=
-   "best_of_k"``, the seed's) or by the first sample (``"sample"``, on-policy).
+   (:func:`~alea_trl.trainer.advantages.group_advantages`); with ``dense_update="all_actions"`` the row also carries
+   every legal action's advantage (:mod:`~alea_trl.trainer.all_actions`). The episode advances by the best of the k
+   (``dense_advance="best_of_k"``, the seed's) or by the first sample (``"sample"``, on-policy).
 3. Outcome decisions (``outcome_advantage``): with ``"branch"`` each of the k sampled actions is valued in a deep copy
    of the env played to the end by the current policy (:mod:`~alea_trl.trainer.branching`), and the decision is a group
    like a dense one; otherwise one action is stored with its behaviour log-prob, and when the episode ends the row's
