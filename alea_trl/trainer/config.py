@@ -95,7 +95,7 @@ class AleaEnvGRPOConfig(GRPOConfig):
             `alea_trl.trainer.all_actions`): an action better than the policy's expected reward `V` gets a
             log-probability step that does not shrink with its probability, a worse one the exact expected gradient.
             The sampled update shrinks with the best action's probability, so a state whose best action became
-            improbable may never sample it again; `"all_actions"` cannot lose it. `loss_type` (other than grpo / bnpo),
+            improbable may never sample it again; under `"all_actions"` it keeps a full step. `loss_type` (other than grpo / bnpo),
             `top_entropy_quantile` and `off_policy_mask_threshold` act on sampled actions and are refused with it;
             outcome decisions train by their samples either way.
         outcome_advantage (`str`, *optional*, defaults to `"branch"`):
