@@ -10,7 +10,9 @@ share of an env by its number of copies (the default ``hmm=9,kelly=2,bandit=2,ni
 so hmm trains on 9/16 of the decisions, kelly, bandit and nim on 2/16 each, newsvendor on 1/16). hmm, whose state must
 really be read, gets the most. An outcome env needs more than one share: it learns from one return per episode, and
 with too few episodes in a run bandit can stay on one arm throughout.
-Outcome decisions are valued by branching (the library's default ``outcome_advantage``): each of a decision's k
+Dense decisions train on every legal action's exact expected reward (the library's default ``dense_update``);
+``--dense_update sampled`` trains them on their k samples, GRPO's update, under which hmm ends near its prior
+(``benchmarks/RESULTS.md``). Outcome decisions are valued by branching (the library's default ``outcome_advantage``): each of a decision's k
 samples is played to the end in a copy of the env. nim samples k = 16 (``--num_generations_per_env nim=16``), the
 other envs 8: with 8 draws over nim's 3 to 9 legal moves the winning move is often missing from the group and the
 others get one or two ±1 returns each, while a bandit branch, 16 times over its remaining pulls, would cost most of
@@ -23,10 +25,12 @@ decisions, and the evaluation episodes are shared out between the processes and 
 episodes and the same figures as one process). One process (``python benchmarks/learning.py``) trains half the
 decisions a step and is cut short by ``--budget_s``.
 
-Advantages are each decision's own group's ``(r - mean) / std`` (``--scale_rewards group``, TRL's and the library's
-default) and the report losses weigh ``--report_w 10``. Group scaling gives every dense decision whose k samples differ
-advantages of about +-1, so hmm's decisions where the symbols overturn the prior, often near-ties, weigh as much as the
-prior's clear ones; with one std per env (``batch``) they weigh almost nothing and hmm ends at or below the prior. The
+Advantages are scaled by each decision's own std (``--scale_rewards group``, TRL's and the library's default: the
+std of its legal actions' expected rewards, or of its k samples' rewards with ``--dense_update sampled``) and the
+report losses weigh ``--report_w 10``. Group scaling gives every dense decision whose actions differ advantages of
+about +-1, so hmm's decisions where the symbols overturn the prior, often near-ties, weigh as much as the prior's
+clear ones; with one std per env (``batch``, measured with the sampled update) they weigh almost nothing and hmm ends
+at or below the prior. The
 report weight keeps that policy term from drowning the report losses: at ``report_w`` 1, with group scaling, a few
 dimensions of the residual stream grow large on every token and the heads stop depending on the state.
 ``benchmarks/RESULTS.md`` has the runs behind the mix, the scaling and the report weight.
@@ -183,7 +187,12 @@ TRAINING_HPARAMS = [
     ("max_batch_tokens", int, 2048, "padded tokens per forward (0: one forward)"),
     ("mix", str, "hmm=9,kelly=2,bandit=2,nim=2", "training copies per env, e.g. hmm=3,bandit=0 (evaluation: all)"),
     ("dense_advance", str, "best_of_k", "best_of_k or sample"),
-    ("dense_update", str, "sampled", "dense decisions: sampled (the k samples) or all_actions (every legal action)"),
+    (
+        "dense_update",
+        str,
+        "all_actions",
+        "dense decisions: all_actions (every legal action) or sampled (the k samples)",
+    ),
     ("num_iterations", int, 1, "optimizer steps per rollout batch"),
     ("outcome_advantage", str, "branch", "outcome decisions: branch (env copies), rtg (reward-to-go) or episode"),
     ("branch_limit", int, 8, "most outcome decisions branched per batch (outcome_advantage branch)"),

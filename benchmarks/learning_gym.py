@@ -21,8 +21,8 @@ Figures: ``benchmarks/RESULTS.md``. FrozenLake's optimal policy is mostly "left"
 against the slipping) and one wrong action at any of states 0, 4, 8 or 14 makes the return 0, so its
 score is all or nothing. An evaluation of a policy that stalls plays 100 decisions per episode: minutes on CPU.
 
-Both envs train with ``--dense_update all_actions`` by default (every legal action's Q* trains the act, see
-``alea_trl.trainer.all_actions``): with the sampled update FrozenLake's act collapses to one state-blind action before
+Both envs train with the library's default update, ``--dense_update all_actions`` (every legal action's Q* trains the
+act, see ``alea_trl.trainer.all_actions``): with the sampled update FrozenLake's act collapses to one state-blind action before
 it reads the position, its best actions' probabilities fall near 0 and the groups of k samples stop containing them,
 so nothing brings them back (``--dense_update sampled`` reproduces it; ``benchmarks/RESULTS.md`` has the per-state
 diagnosis).
@@ -69,7 +69,7 @@ def main() -> None:
         parser.add_argument_group("hyper-parameters"), learning.TRAINING_HPARAMS + learning.MODEL_HPARAMS
     )
     # train_one keeps the envs of --envs; every legal action's Q* trains the act (see the module docstring)
-    parser.set_defaults(mix=",".join(f"{e}=1" for e in GYM_ENVS), dense_update="all_actions")
+    parser.set_defaults(mix=",".join(f"{e}=1" for e in GYM_ENVS))
     args = parser.parse_args()
     args.hparam_names = [name for name, *_ in learning.TRAINING_HPARAMS + learning.MODEL_HPARAMS]
     if args.quick:

@@ -66,7 +66,7 @@ def test_rl_env_recipe_trains_a_registered_gymnasium_env_with_no_code(tmp_path, 
     rl_env = _load("rl_env")
     out = tmp_path / "lake"
     cli = ["--config", str(QUICKSTART), "--output_dir", str(out), *TINY]
-    cli += ["--envs", "gym-frozenlake-4x4", "--dense_update", "all_actions"]
+    cli += ["--envs", "gym-frozenlake-4x4"]
     table = rl_env.main(*rl_env.make_parser().parse_args_and_config(cli))
     assert set(table) == {"gym-frozenlake-4x4"}  # trained and evaluated on the registered env alone
     card = (out / "README.md").read_text()

@@ -89,15 +89,16 @@ class AleaEnvGRPOConfig(GRPOConfig):
             the first sample (`"sample"`, on-policy). With `"best_of_k"` the episode visits the states the best of k
             reaches, and every decision trains on those states; `env/<name>/return` then logs the policy's expected
             return at them and `env/<name>/return_best_of_k` the realised return.
-        dense_update (`str`, *optional*, defaults to `"sampled"`):
-            What trains a dense decision's act: its k sampled actions with their group advantages (`"sampled"`), or
-            every legal action with its exact advantage `(Q(a) - V) / scale` (`"all_actions"`, see
-            `alea_trl.trainer.all_actions`): an action better than the policy's expected reward `V` gets a
-            log-probability step that does not shrink with its probability, a worse one the exact expected gradient.
-            The sampled update shrinks with the best action's probability, so a state whose best action became
-            improbable may never sample it again; under `"all_actions"` it keeps a full step. `loss_type` (other than grpo / bnpo),
-            `top_entropy_quantile` and `off_policy_mask_threshold` act on sampled actions and are refused with it;
-            outcome decisions train by their samples either way.
+        dense_update (`str`, *optional*, defaults to `"all_actions"`):
+            What trains a dense decision's act: every legal action with its exact advantage `(Q(a) - V) / scale`
+            (`"all_actions"`, see `alea_trl.trainer.all_actions`), or its k sampled actions with their group
+            advantages (`"sampled"`, GRPO's update). Under `"all_actions"` an action better than the policy's
+            expected reward `V` gets a log-probability step that does not shrink with its probability, a worse one the
+            exact expected gradient. The sampled update shrinks with the best action's probability, so a state whose
+            best action became improbable may never sample it again; under `"all_actions"` it keeps a full step.
+            `loss_type` (other than grpo / bnpo), `top_entropy_quantile` and `off_policy_mask_threshold` act on
+            sampled actions and are refused with `"all_actions"`: set `"sampled"` to use them. Outcome decisions
+            train by their samples either way.
         outcome_advantage (`str`, *optional*, defaults to `"branch"`):
             How an outcome decision's sampled action is valued: `"rtg"`, its reward-to-go (this and every later
             reward of the episode) against that env's recent rewards-to-go at the same step of an episode; `"branch"`,
@@ -206,9 +207,9 @@ class AleaEnvGRPOConfig(GRPOConfig):
         metadata={"help": "How dense episodes advance: 'best_of_k' (the seed's) or 'sample' (on-policy)."},
     )
     dense_update: str = field(
-        default="sampled",
+        default="all_actions",
         metadata={
-            "help": "What trains dense decisions: 'sampled' (the k samples) or 'all_actions' (every legal action)."
+            "help": "What trains dense decisions: 'all_actions' (every legal action) or 'sampled' (the k samples)."
         },
     )
     outcome_advantage: str = field(

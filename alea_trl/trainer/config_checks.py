@@ -212,7 +212,7 @@ def check_resolved_fields(config) -> None:
                     name,
                     f"{getattr(config, name)!r} acts on sampled actions, and dense_update='all_actions' trains every "
                     "legal action of a dense decision (one term per decision)",
-                    "set dense_update='sampled' or leave this field at its default",
+                    "set dense_update='sampled' to use it, or leave this field at its default",
                 )
     if config.sync_ref_model and config.beta == 0.0:
         _fail(

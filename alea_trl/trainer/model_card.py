@@ -243,14 +243,9 @@ def build_model_card(
         outcome = getattr(args, "outcome_advantage", None)
         how = (
             "Trained with `AleaEnvGRPOTrainer`, a TRL `GRPOTrainer`: GRPO (Shao et al., 2024) over the envs' decision "
-            "points. The action is sampled from a head over the legal options, dense decisions "
-            + (
-                'train on every legal action\'s exact expected reward (`dense_update="all_actions"`), '
-                if getattr(args, "dense_update", "sampled") == "all_actions"
-                else f"are GRPO groups of {_group_sizes(args)} actions scored by their exact expected rewards, "
-            )
-            + "outcome decisions are valued by "
-            f"{OUTCOME_VALUES.get(outcome, outcome)}; report questions are trained against exact oracles with strictly proper scoring rules ({rules})."
+            "points. The action is sampled from a head over the legal options, "
+            + _update_sentence(args, outcome)
+            + f"; report questions are trained against exact oracles with strictly proper scoring rules ({rules})."
         )
     else:
         how = (
@@ -315,6 +310,21 @@ Framework versions:
 
 {chr(10).join(f"```bibtex{chr(10)}{BIBTEX[c]}{chr(10)}```{chr(10)}" for c in cites)}"""
     return ModelCard(content)
+
+
+def _update_sentence(args, outcome) -> str:
+    """What the policy gradient trains on, dense and outcome decisions, with k where a group of k samples is used."""
+    value = OUTCOME_VALUES.get(outcome, outcome)
+    if getattr(args, "dense_update", "all_actions") != "all_actions":
+        return (
+            f"dense decisions are GRPO groups of {_group_sizes(args)} actions scored by their exact expected rewards, "
+            f"outcome decisions are valued by {value}"
+        )
+    groups = f"are GRPO groups of {_group_sizes(args)} actions " if outcome == "branch" else "are "
+    return (
+        'dense decisions train on every legal action\'s exact expected reward (`dense_update="all_actions"`), '
+        f"outcome decisions {groups}valued by {value}"
+    )
 
 
 def _group_sizes(args) -> str:

@@ -18,6 +18,7 @@ def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:
     completion table)."""
     collectives = (
         dict(
+            dense_update="sampled",  # dapo and the entropy quantile act on sampled actions
             loss_type="dapo",
             top_entropy_quantile=0.5,
             use_adaptive_entropy=True,

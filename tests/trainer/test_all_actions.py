@@ -2,6 +2,7 @@
 action's probability, PPO's clip per action, and the trainer's plumbing and learning with it."""
 
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 from alea_trl import AleaEnvGRPOTrainer
 from alea_trl.trainer import grpo_trainer
 from alea_trl.trainer.all_actions import all_action_advantages, all_actions_loss
+from alea_trl.trainer.model_card import _update_sentence
 
 from .conftest import TOY_FACTORIES
 from .test_trainer import _expected_reward
@@ -126,7 +128,7 @@ def test_every_dense_row_trains_by_all_its_actions(tiny_model, tokenizer, make_a
     assert dense_rows > 0 and any(bool(i["outcome_rows"].any()) for i in seen)
     trainer.create_model_card()  # the card says how dense decisions trained
     text = (Path(args.output_dir) / "README.md").read_text()
-    assert "every legal action's exact expected reward" in text and "GRPO groups of" not in text
+    assert "every legal action's exact expected reward" in text and "dense decisions are GRPO groups" not in text
 
 
 @pytest.mark.parametrize("scale_rewards", ["group", "none"])
@@ -147,3 +149,18 @@ def test_learns_dense_env_with_all_actions(tiny_model, tokenizer, make_args, sca
     AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES).train()
     assert start < 0.35 and _expected_reward(model, tokenizer) >= 0.9
     assert np.isfinite(start)
+
+
+@pytest.mark.parametrize(
+    "dense_update, outcome, says",
+    [
+        ("all_actions", "branch", "outcome decisions are GRPO groups of 8 (nim: 16) actions valued by Monte Carlo"),
+        ("all_actions", "rtg", "outcome decisions are valued by their reward-to-go"),
+        ("sampled", "rtg", "dense decisions are GRPO groups of 8 (nim: 16) actions scored by their exact expected"),
+    ],
+)
+def test_model_card_names_the_update_and_only_the_groups_it_samples(dense_update, outcome, says):
+    args = SimpleNamespace(dense_update=dense_update, num_generations=8, num_generations_per_env={"nim": 16})
+    text = _update_sentence(args, outcome)
+    assert says in text
+    assert ("every legal action" in text) == (dense_update == "all_actions")

@@ -74,14 +74,18 @@ REFUSED_VALUES = {
     "vespo_lambda_neg": 1.0,
 }
 
+# the fields that act on sampled actions (loss_type other than grpo / bnpo, top_entropy_quantile,
+# off_policy_mask_threshold) are tested with dense_update="sampled": the default all-actions update refuses them
+SAMPLED = dict(dense_update="sampled")
+
 # (overrides, the field the error must name): invalid values and meaningless combinations of acting fields
 REFUSED_COMBINATIONS = [
-    (dict(delta=3.0, loss_type="sapo"), "delta"),
-    (dict(delta=3.0, loss_type="cispo"), "delta"),
+    (dict(**SAMPLED, delta=3.0, loss_type="sapo"), "delta"),
+    (dict(**SAMPLED, delta=3.0, loss_type="cispo"), "delta"),
     (dict(delta=0.0), "delta"),
-    (dict(epsilon=0.3, loss_type="vespo"), "epsilon"),
-    (dict(epsilon=0.3, epsilon_high=5.0, loss_type="cispo"), "epsilon"),
-    (dict(epsilon_high=0.28, loss_type="sapo"), "epsilon_high"),
+    (dict(**SAMPLED, epsilon=0.3, loss_type="vespo"), "epsilon"),
+    (dict(**SAMPLED, epsilon=0.3, epsilon_high=5.0, loss_type="cispo"), "epsilon"),
+    (dict(**SAMPLED, epsilon_high=0.28, loss_type="sapo"), "epsilon_high"),
     (dict(reward_weights=[]), "reward_weights"),
     (dict(reward_weights=[float("nan")]), "reward_weights"),
     (dict(loss_type="ppo"), "loss_type"),
@@ -107,22 +111,26 @@ REFUSED_COMBINATIONS = [
     (dict(num_generations_per_env={"nim": 1.5}), "num_generations_per_env"),
     (dict(num_generations_per_env="nim=16"), "num_generations_per_env"),
     (dict(dense_update="every"), "dense_update"),
-    (dict(dense_update="all_actions", loss_type="dapo"), "loss_type"),
-    (dict(dense_update="all_actions", top_entropy_quantile=0.5), "top_entropy_quantile"),
-    (dict(dense_update="all_actions", off_policy_mask_threshold=0.5), "off_policy_mask_threshold"),
+    (dict(loss_type="dapo"), "loss_type"),  # the default dense_update="all_actions" refuses these three
+    (dict(top_entropy_quantile=0.5), "top_entropy_quantile"),
+    (dict(off_policy_mask_threshold=0.5), "off_policy_mask_threshold"),
 ]
 
 # valid values of the fields the trainer acts on: accepted
 ACCEPTED = [
     dict(dense_update="all_actions", loss_type="bnpo", delta=3.0, entropy_coef=0.01),
+    dict(dense_update="sampled"),
     dict(top_k=3, top_p=0.9, min_p=0.05),
-    *[dict(loss_type=loss) for loss in ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo")],
+    *[
+        dict(**SAMPLED, loss_type=loss)
+        for loss in ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+    ],
     dict(delta=3.0, epsilon_high=0.28),
-    dict(loss_type="cispo", epsilon_high=5.0),
-    dict(loss_type="sapo", sapo_temperature_neg=2.0, sapo_temperature_pos=0.5),
-    dict(loss_type="vespo", vespo_k_pos=1.0, vespo_lambda_pos=1.0, vespo_k_neg=1.0, vespo_lambda_neg=1.0),
+    dict(**SAMPLED, loss_type="cispo", epsilon_high=5.0),
+    dict(**SAMPLED, loss_type="sapo", sapo_temperature_neg=2.0, sapo_temperature_pos=0.5),
+    dict(**SAMPLED, loss_type="vespo", vespo_k_pos=1.0, vespo_lambda_pos=1.0, vespo_k_neg=1.0, vespo_lambda_neg=1.0),
     dict(importance_sampling_level="sequence"),
-    dict(off_policy_mask_threshold=0.5, top_entropy_quantile=0.2, entropy_coef=0.01),
+    dict(**SAMPLED, off_policy_mask_threshold=0.5, top_entropy_quantile=0.2, entropy_coef=0.01),
     dict(use_adaptive_entropy=True, entropy_coef_min=0.0, entropy_coef_max=0.5, entropy_coef_delta=0.01),
     dict(sync_ref_model=True, beta=0.05, ref_model_mixup_alpha=0.9, ref_model_sync_steps=64),
     dict(log_completions=True, num_completions_to_print=3, log_unique_prompts=True),
@@ -167,8 +175,10 @@ def test_acting_fields_are_accepted(make_args, overrides):
 
 def test_defaults_are_accepted(make_args):
     args = make_args()
-    # loss_type: "grpo" (the mean over sampled actions, the seed's loss), not GRPOConfig's "dapo"
+    # loss_type: "grpo" (the mean over sampled actions, the seed's loss), not GRPOConfig's "dapo"; dense decisions
+    # train by every legal action
     assert (args.loss_type, args.top_k, args.top_p, args.min_p) == ("grpo", 0, 1.0, None)
+    assert args.dense_update == "all_actions"
 
 
 def test_trust_remote_code_reaches_the_model_loaders(make_args):

@@ -125,7 +125,9 @@ def test_model_card_reads_back_and_its_quick_start_runs(tiny_model, tokenizer, m
     out = Path(trainer.args.output_dir)
     text = (out / "README.md").read_text()
     card = ModelCard.load(out / "README.md")
-    assert "GRPO groups of 4 (nim: 6) actions" in text  # k, and the env with its own
+    # the default update: dense decisions by every legal action, outcome ones by groups of k (nim with its own k)
+    assert "dense decisions train on every legal action's exact expected reward" in text
+    assert "outcome decisions are GRPO groups of 4 (nim: 6) actions valued by Monte Carlo branching" in text
 
     assert (
         card.data.base_model == "Qwen/Qwen3-0.6B"
