@@ -12,11 +12,11 @@ really be read, gets the most. An outcome env needs more than one share: it lear
 with too few episodes in a run bandit can stay on one arm throughout.
 Dense decisions train on every legal action's exact expected reward (the library's default ``dense_update``);
 ``--dense_update sampled`` trains them on their k samples, GRPO's update, under which hmm ends near its prior
-(``benchmarks/RESULTS.md``). Outcome decisions are valued by branching (the library's default ``outcome_advantage``): each of a decision's k
-samples is played to the end in a copy of the env. nim samples k = 16 (``--num_generations_per_env nim=16``), the
-other envs 8: with 8 draws over nim's 3 to 9 legal moves the winning move is often missing from the group and the
-others get one or two ±1 returns each, while a bandit branch, 16 times over its remaining pulls, would cost most of
-the step (``benchmarks/RESULTS.md``).
+(``benchmarks/RESULTS.md``). Outcome decisions are valued by branching (the library's default ``outcome_advantage``):
+each of a decision's k samples is played to the end in a copy of the env. nim samples k = 16
+(``--num_generations_per_env nim=16``), the other envs 8: with 8 draws over nim's 3 to 9 legal moves the winning move is
+often missing from the group and the others get one or two ±1 returns each, while a bandit branch, 16 times over its
+remaining pulls, would cost most of the step (``benchmarks/RESULTS.md``).
 
 Two processes. On a 2-core CPU the default command is
 ``accelerate launch --config_file accelerate_configs/cpu_2proc.yaml benchmarks/learning.py``: one training process
@@ -25,12 +25,11 @@ decisions, and the evaluation episodes are shared out between the processes and 
 episodes and the same figures as one process). One process (``python benchmarks/learning.py``) trains half the
 decisions a step and is cut short by ``--budget_s``.
 
-Advantages are scaled by each decision's own std (``--scale_rewards group``, TRL's and the library's default: the
-std of its legal actions' expected rewards, or of its k samples' rewards with ``--dense_update sampled``) and the
-report losses weigh ``--report_w 10``. Group scaling gives every dense decision whose actions differ advantages of
-about +-1, so hmm's decisions where the symbols overturn the prior, often near-ties, weigh as much as the prior's
-clear ones; with one std per env (``batch``, measured with the sampled update) they weigh almost nothing and hmm ends
-at or below the prior. The
+Advantages are scaled by each decision's own std (``--scale_rewards group``, TRL's and the library's default: the std of
+its legal actions' expected rewards, or of its k samples' rewards with ``--dense_update sampled``) and the report losses
+weigh ``--report_w 10``. Group scaling gives every dense decision whose actions differ advantages of about +-1, so hmm's
+decisions where the symbols overturn the prior, often near-ties, weigh as much as the prior's clear ones; with one std
+per env (``batch``, measured with the sampled update) they weigh almost nothing and hmm ends at or below the prior. The
 report weight keeps that policy term from drowning the report losses: at ``report_w`` 1, with group scaling, a few
 dimensions of the residual stream grow large on every token and the heads stop depending on the state.
 ``benchmarks/RESULTS.md`` has the runs behind the mix, the scaling and the report weight.
