@@ -150,6 +150,12 @@ def parse_options(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--outcome_advantage", choices=("rtg", "episode", "branch"), default="rtg", help="(a) and (b)'s outcome credit"
     )
+    parser.add_argument(
+        "--dense_update",
+        choices=("all_actions", "sampled"),
+        default="all_actions",
+        help="(a) and (b)'s dense update (the library's default: all_actions)",
+    )
     parser.add_argument("--max_batch_tokens", type=int, default=2048, help="(a): padded tokens per forward (0: one)")
     parser.add_argument("--n_prompts", type=int, default=512, help="decisions in the TRL prompt dataset")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -214,7 +220,7 @@ def main(argv=None) -> dict:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; shape {opts.shape}: Qwen3 hidden "
         f"{c.hidden_size} x {c.num_hidden_layers} layers, vocab {c.vocab_size}, fp32, sdpa; params {models.n_params()}"
         f" (causal LM: lm_head tied); {opts.train_mode} trains {trained} layers; beta {opts.beta}; outcome_advantage "
-        f"{opts.outcome_advantage}; ks {opts.ks}; repeats {opts.repeats}; blocks of >= {opts.measure_s} s and >= "
+        f"{opts.outcome_advantage}; dense_update {opts.dense_update}; ks {opts.ks}; repeats {opts.repeats}; blocks of >= {opts.measure_s} s and >= "
         f"{opts.min_steps} (trainer) / {opts.min_steps_slow} steps; machine {machine}",
         flush=True,
     )
@@ -274,6 +280,7 @@ def main(argv=None) -> dict:
         "train_mode": opts.train_mode,
         "trained_layers": trained,
         "outcome_advantage": opts.outcome_advantage,
+        "dense_update": opts.dense_update,
         "max_batch_tokens": opts.max_batch_tokens,
         "trl_compact_lm_head": not opts.trl_cpu_full_lm_head,
         "quick": opts.quick,

@@ -53,11 +53,11 @@ def prefill(rollout: Rollout, waves: int) -> None:
 
 def alea_args(out_dir: str, k: int, opts, max_steps: int, max_batch_tokens: int | None = None) -> AleaEnvGRPOConfig:
     """The trainer's settings for (a), and the loop's for (b): every built-in env, the same learning rate for every
-    parameter group, ``opts``' ``beta``, ``train_mode``, ``outcome_advantage`` and decisions per step; the longest
-    decision of the five envs is ~340 tokens (``max_len`` 1024)."""
+    parameter group, ``opts``' ``beta``, ``train_mode``, ``outcome_advantage``, ``dense_update`` and decisions per
+    step; the longest decision of the five envs is ~340 tokens (``max_len`` 1024)."""
     run = {"output_dir": out_dir, "envs": list(BUILTIN_ENVS), "max_steps": max_steps, "seed": opts.seed}
     algorithm = {"num_generations": k, "beta": opts.beta, "train_mode": opts.train_mode, "lr_head": LEARNING_RATE}
-    algorithm["outcome_advantage"] = opts.outcome_advantage
+    algorithm |= {"outcome_advantage": opts.outcome_advantage, "dense_update": opts.dense_update}
     batches = {"per_device_train_batch_size": opts.decisions, "max_len": 1024, "max_batch_tokens": max_batch_tokens}
     return AleaEnvGRPOConfig(**(CPU_RUN | run | algorithm | batches | {"lr_aux": LEARNING_RATE}))
 
