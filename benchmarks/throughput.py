@@ -108,6 +108,7 @@ from throughput_parts.timing import Runner
 from throughput_parts.trl_variant import collect_prompts, trl_body
 
 from alea_trl.testing import build_qwen_tokenizer
+from alea_trl.trainer.config import DENSE_UPDATES, AleaEnvGRPOConfig
 
 
 VARIANTS = ("trainer", "unpacked", "trl", "trl_stock")
@@ -152,9 +153,9 @@ def parse_options(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--dense_update",
-        choices=("all_actions", "sampled"),
-        default="all_actions",
-        help="(a) and (b)'s dense update (the library's default: all_actions)",
+        choices=DENSE_UPDATES,
+        default=AleaEnvGRPOConfig.dense_update,
+        help="(a) and (b)'s dense update (default: the library's)",
     )
     parser.add_argument("--max_batch_tokens", type=int, default=2048, help="(a): padded tokens per forward (0: one)")
     parser.add_argument("--n_prompts", type=int, default=512, help="decisions in the TRL prompt dataset")
