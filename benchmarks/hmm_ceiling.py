@@ -6,7 +6,7 @@ oracle's act target (a softmax of the exact expected rewards, i.e. of the filter
 relative to the decision's reward spread) and the report heads their exact targets, at the learning benchmark's
 learning rate and schedule. Decisions come from ``collect_decisions`` (a behaviour policy mixing oracle and random
 actions); ``--episodes`` of 3 decisions each, so the default 11000 episodes hold about as many hmm decisions as the
-learning benchmark trains on (1500 steps x 40 decisions x 9/16 of them hmm = 33750).
+learning benchmark trains on (1500 steps x 40 decisions x 9/18 of them hmm = 30000).
 
 Before training and every ``--eval_every`` steps the greedy act head plays the learning benchmark's own evaluation
 episodes (``evaluate_policy`` at ``EVAL_SEED``, the same 100 episodes) and the figure is the same normalised score
