@@ -74,8 +74,10 @@ this model on these episodes, against which the GRPO figures here are read.
 Torch runs on one thread by default (``--threads``): on a CPU shared with other work, extra threads spin-wait for a
 core and slow a run down several times. On an idle machine ``--threads 2`` is faster, but its float reductions run in
 another order, so a run does not repeat the 1-thread run's numbers.
-``--budget_s`` (default 840 s) ends a run at an evaluation when the next block of steps would pass it, so a slower
-machine still finishes the default command within 15 minutes (with a shorter curve).
+``--budget_s`` (default 840 s) ends a run at an evaluation when the next block of steps would pass it, so the default
+command finishes within 15 minutes. The learning-rate schedule still spans ``--steps``, so a run cut short stops with
+its rate high, part way through: on a 2-core CPU the 1500 steps take over 30 minutes and the default command stops at
+step 500. ``--budget_s 0`` runs every step; the figures in ``benchmarks/RESULTS.md`` and the README are from such runs.
 Prints a table (env x evaluation step) and, last, one JSON line with the figures; writes the curves to
 ``<out>/learning_curves.png`` and the JSON to ``<out>/learning.json``. Figures of past runs, with their commands and
 settings: ``benchmarks/RESULTS.md``.
