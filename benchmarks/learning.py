@@ -332,7 +332,7 @@ def main() -> None:
     parser.add_argument(
         "--budget_s", type=float, default=840, help="per run: stop at an evaluation if the next would pass it (0: off)"
     )
-    parser.add_argument("--quick", action="store_true", help="~25-second smoke run (few steps, few episodes)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run of about a minute (few steps, few episodes)")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1: on a shared CPU, more threads spin and stall)"
     )
