@@ -8,8 +8,8 @@ bandit, nim: outcome rewards) plus the report losses: AdamW at ``--lr`` (backbon
 steps of warm-up then cosine decay to 0, ``--batch_size`` decisions per step and process. ``--mix`` sets the training
 share of an env by its number of copies (the default ``hmm=9,kelly=2,bandit=3,nim=3``, newsvendor one copy: 18 in all,
 so hmm trains on half the decisions, bandit and nim on 3/18 each, kelly on 2/18, newsvendor on 1/18). hmm, whose state
-must really be read, gets the most. The outcome envs get three shares each: with two, bandit stayed near one arm on
-one seed of four and nim ended under 0.6 on another. Copies add episodes, not loss weight (``--outcome_loss_weight``
+must really be read, gets the most. The outcome envs get three shares each: with two, bandit stalled at 0.56 on one
+seed of four and nim ended under 0.6 on another. Copies add episodes, not loss weight (``--outcome_loss_weight``
 sets that).
 Dense decisions train on every legal action's exact expected reward (the library's default ``dense_update``);
 ``--dense_update sampled`` trains them on their k samples, GRPO's update, under which hmm ends near its prior
