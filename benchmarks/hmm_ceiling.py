@@ -97,7 +97,9 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(learning.ASSET)
     model = learning.tiny_model(args)
     args.lr_head, args.lr_aux, args.schedule = args.lr, args.lr, "cosine"  # one learning rate for every group
-    config = AleaSFTConfig(output_dir=args.out, **learning.optimisation(args), **learning.cpu_run(args.seed, args.steps))
+    config = AleaSFTConfig(
+        output_dir=args.out, **learning.optimisation(args), **learning.cpu_run(args.seed, args.steps)
+    )
     curve = GreedyCurve(model, tokenizer, factory, args.eval_episodes, args.eval_every)
     trainer = AleaSFTTrainer(model, args=config, train_dataset=data, processing_class=tokenizer, callbacks=[curve])
     trainer.train()

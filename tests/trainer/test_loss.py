@@ -61,7 +61,9 @@ def test_dense_and_outcome_samples_are_averaged_separately():
         mask = torch.ones(n_dense + 1, k, dtype=torch.bool)
         mask[-1, 1:] = False  # the outcome row: one replayed action
         outcome = torch.tensor([False] * n_dense + [True])
-        loss, stats = policy_loss(logp, logp.detach(), adv, mask, 0.2, 0.2, outcome_rows=outcome, outcome_weight=weight)
+        loss, stats = policy_loss(
+            logp, logp.detach(), adv, mask, 0.2, 0.2, outcome_rows=outcome, outcome_weight=weight
+        )
         loss.backward()
         assert stats.n_outcome == 1
         return logp.grad[-1, 0]

@@ -92,7 +92,9 @@ def test_outcome_decisions_train_each_term_once(tiny_model, tokenizer, make_args
     for replay, wave, rows, inputs in seen:
         n_replay = len(replay)
         for i, row in enumerate(replay):
-            assert bool(inputs["sample_mask"][i, 0]) and inputs["kl_report_mask"][i] == 0 and inputs["targets"][i] == {}
+            assert (
+                bool(inputs["sample_mask"][i, 0]) and inputs["kl_report_mask"][i] == 0 and inputs["targets"][i] == {}
+            )
             replayed[id(row)] = replayed.get(id(row), 0) + 1
         for j, (ep, row) in enumerate(zip(wave.episodes, rows)):
             i = n_replay + j
