@@ -11,12 +11,18 @@ Design decisions:
    its base: the Alea checkpoint the run started from, or the pretrained backbone (heads and extras are saved in the
    adapter as ``modules_to_save``, so fresh heads around that backbone are an exact base). A backbone with random
    weights has no other copy, so the run saves it in the folder itself (``base_backbone/``) and names that.
+4. A GGUF file (``model=".../x.gguf"``) goes through transformers' own GGUF loader (the ``gguf`` package) once: the
+   de-quantized weights are rebuilt as a plain decoder (the loaded one refuses ``save_pretrained``) and saved with the
+   file's tokenizer as an ordinary checkpoint in the cache (``$ALEA_TRL_CACHE``, else ``~/.cache/alea_trl``), keyed by
+   the file's content. Every later use, LoRA bases and tokenizers included, reads that folder, which loads in seconds.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 
 import torch
 from transformers import AutoConfig, AutoModel
@@ -39,6 +45,104 @@ BASE_BACKBONE_DIR = "base_backbone"
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "proxies", "subfolder")
 # the AleaConfig fields that shape the heads and extras (the rest describe the backbone)
 _HEAD_FIELDS = ("max_score_bins", "taus", "ngram_buckets", "initializer_range", *EXTRA_EMBEDDINGS)
+
+
+def cache_root() -> str:
+    """Where converted checkpoints live: ``$ALEA_TRL_CACHE``, else ``$XDG_CACHE_HOME/alea_trl``, else
+    ``~/.cache/alea_trl``."""
+    if os.environ.get("ALEA_TRL_CACHE"):
+        return os.path.abspath(os.path.expanduser(os.environ["ALEA_TRL_CACHE"]))
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(xdg, "alea_trl")
+
+
+def is_gguf(name_or_path) -> bool:
+    """Whether ``name_or_path`` names a GGUF file (by its ``.gguf`` suffix)."""
+    return isinstance(name_or_path, (str, os.PathLike)) and os.fspath(name_or_path).lower().endswith(".gguf")
+
+
+def is_complete_checkpoint(path: str) -> bool:
+    """Whether ``path`` holds a decoder config, its weights and a tokenizer (what :func:`convert_gguf` writes)."""
+    return (
+        os.path.isfile(os.path.join(path, "config.json"))
+        and has_weights(path)
+        and os.path.isfile(os.path.join(path, "tokenizer_config.json"))
+    )
+
+
+def convert_gguf(gguf_path, output_dir, dtype=torch.float32) -> str:
+    """Turn a GGUF file into an ordinary transformers checkpoint (config, safetensors weights, tokenizer).
+
+    transformers' loader de-quantizes the file into a causal LM marked as GGUF-quantized, which ``save_pretrained``
+    refuses; the same weights in a plain model of the same config (without ``quantization_config``) save normally.
+    The folder is written beside ``output_dir`` and moved into place when complete, so an interrupted conversion
+    leaves nothing that looks finished.
+
+    Args:
+        gguf_path (`str` or `os.PathLike`): the ``.gguf`` file (any architecture transformers' GGUF loader reads).
+        output_dir (`str` or `os.PathLike`): the checkpoint folder to create (replaced if it exists).
+        dtype (`torch.dtype`, defaults to `torch.float32`): the dtype of the saved weights.
+
+    Returns:
+        `str`: ``output_dir``.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import is_gguf_available
+
+    gguf_path, output_dir = os.fspath(gguf_path), os.fspath(output_dir)
+    if not os.path.isfile(gguf_path):
+        raise ValueError(f"convert_gguf: field 'gguf_path': {gguf_path!r} is not a file")
+    if not is_gguf_available():
+        raise ImportError(
+            'convert_gguf: reading a GGUF file needs the gguf package: pip install -e ".[gguf]" (or pip install gguf)'
+        )
+    folder, name = os.path.split(os.path.abspath(gguf_path))
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config._name_or_path = ""
+    plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    plain.load_state_dict(loaded.state_dict(), strict=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    partial = f"{output_dir.rstrip(os.sep)}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    plain.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    shutil.rmtree(output_dir, ignore_errors=True)
+    os.makedirs(os.path.dirname(os.path.abspath(output_dir)), exist_ok=True)
+    os.replace(partial, output_dir)
+    return output_dir
+
+
+def file_sha256(path: str) -> str:
+    """The SHA-256 hex digest of a file's content."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def gguf_checkpoint(gguf_path) -> str:
+    """The cached ordinary checkpoint of a GGUF file (see :func:`convert_gguf`), converted on first use.
+
+    The folder is ``<cache_root()>/gguf/<file stem>-<first 16 hex digits of the file's SHA-256>``, so a changed file
+    gets a new conversion and a copy of the same file reuses it.
+    """
+    path = os.fspath(gguf_path)
+    if not os.path.isfile(path):
+        raise ValueError(f"gguf_checkpoint: field 'gguf_path': {path!r} is not a file")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    output_dir = os.path.join(cache_root(), "gguf", f"{stem}-{file_sha256(path)[:16]}")
+    if not is_complete_checkpoint(output_dir):
+        convert_gguf(path, output_dir)
+    return output_dir
+
+
+def resolve_gguf(name_or_path):
+    """``name_or_path`` itself, or for a GGUF file its cached ordinary checkpoint (:func:`gguf_checkpoint`)."""
+    return gguf_checkpoint(name_or_path) if is_gguf(name_or_path) else name_or_path
 
 
 def hub_kwargs(kwargs: dict) -> dict:
@@ -78,6 +182,8 @@ def is_adapter_folder(name_or_path: str, **kwargs) -> bool:
     """Whether ``name_or_path`` (a local directory or Hub id) is a peft adapter without full model weights."""
     if (kwargs.get("adapter_kwargs") or {}).get("_adapter_model_path"):  # AutoModel found it already
         return True
+    if os.path.isfile(name_or_path):  # a single file (a GGUF checkpoint) is never an adapter folder
+        return False
     if os.path.isdir(name_or_path):
         return os.path.isfile(os.path.join(name_or_path, ADAPTER_CONFIG_NAME)) and not has_weights(name_or_path)
     return find_adapter_config_file(name_or_path, **hub_kwargs(kwargs)) is not None
@@ -125,8 +231,8 @@ def load_model(
     """The model a trainer or recipe starts from (see the module docstring).
 
     Args:
-        name_or_path (`str` or `os.PathLike`): an Alea checkpoint or LoRA output, or a plain decoder (Hub id or
-            local directory).
+        name_or_path (`str` or `os.PathLike`): an Alea checkpoint or LoRA output, or a plain decoder (Hub id, local
+            directory, or a ``.gguf`` file: converted once into the cache, see :func:`gguf_checkpoint`).
         init_from_config (`bool`, defaults to `False`): build the decoder from its config with random weights.
         model_init_kwargs (`dict`, *optional*): ``from_pretrained`` keyword arguments (``dtype``,
             ``attn_implementation``, ``revision``, ...); a config-built decoder takes all but the file-location ones,
@@ -140,7 +246,7 @@ def load_model(
     """
     from .modeling_alea import AleaModel
 
-    path = check_model_path(name_or_path, who, field)
+    path = resolve_gguf(check_model_path(name_or_path, who, field))
     kwargs = dict(model_init_kwargs or {})
     config = AutoConfig.from_pretrained(path, **hub_kwargs(kwargs), trust_remote_code=kwargs.get("trust_remote_code"))
     if config.model_type == "alea":
@@ -180,14 +286,16 @@ def load_adapter_model(path: str, **kwargs):
         )
     dtype = torch_dtype(kwargs.get("dtype"), default=torch_dtype(config.dtype))
     heads = {name: getattr(config, name) for name in _HEAD_FIELDS}
+    # a run may have kept only the first layers of its pretrained base (num_hidden_layers in model_init_kwargs)
+    depth = {"num_hidden_layers": config.get_text_config().num_hidden_layers}
     if base == BASE_BACKBONE_DIR:  # the run's own copy of a random backbone, inside the output
         local = os.path.isdir(path)
         source, sub = (os.path.join(path, base), {}) if local else (path, {**where, "subfolder": base})
-        model = AleaModel.from_backbone(source, backbone_kwargs={"dtype": dtype, **sub}, **heads)
+        model = AleaModel.from_backbone(source, backbone_kwargs={"dtype": dtype, **sub, **depth}, **heads)
     elif AutoConfig.from_pretrained(check_model_path(base, "AleaModel.from_pretrained", "base")).model_type == "alea":
         model = AleaModel.from_pretrained(base, dtype=dtype)
     else:
-        model = AleaModel.from_backbone(base, backbone_kwargs={"dtype": dtype}, **heads)
+        model = AleaModel.from_backbone(base, backbone_kwargs={"dtype": dtype, **depth}, **heads)
     return PeftModel.from_pretrained(model, path, **where)
 
 
@@ -223,15 +331,22 @@ def save_frozen_backbone(backbone, output_dir: str) -> None:
 
 __all__ = [
     "BASE_BACKBONE_DIR",
+    "cache_root",
     "check_extras",
     "check_model_path",
+    "convert_gguf",
+    "file_sha256",
+    "gguf_checkpoint",
     "has_weights",
+    "is_complete_checkpoint",
+    "is_gguf",
     "is_adapter_folder",
     "load_adapter_model",
     "load_model",
     "lora_base",
     "model_init_kwargs_from",
     "record_lora_base",
+    "resolve_gguf",
     "save_frozen_backbone",
     "torch_dtype",
 ]
