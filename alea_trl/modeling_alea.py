@@ -14,6 +14,10 @@ Design decisions:
    and loads with ``AutoModel.from_pretrained`` after ``import alea_trl`` (registration on import: transformers has
    no plugin entry point, and a config ``auto_map`` would need ``trust_remote_code``). A LoRA output loads through
    ``from_pretrained`` too (``loading.py``).
+6. A backbone handed to ``__init__`` was built (initialised or loaded) by transformers already: its modules are marked
+   initialised, so ``post_init`` initialises only the heads and extras. Under DeepSpeed ZeRO-3 the heads and extras
+   are built partitioned too (``zero.Init``), and initialised gathered, on rank 0, then broadcast, as transformers
+   does for its own models; the backbone's partitions are never touched.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
+from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.utils import ModelOutput
 
 from .attention import block_mask_from_segments, mask_from_segments
@@ -118,6 +123,9 @@ class AleaModel(AleaPreTrainedModel):
 
     def __init__(self, config: AleaConfig, backbone: PreTrainedModel | None = None):
         super().__init__(config)
+        if backbone is not None:
+            for module in backbone.modules():  # initialised or loaded by whoever built it: post_init leaves it alone
+                module._is_hf_initialized = True
         self.backbone = backbone if backbone is not None else AutoModel.from_config(config.text_config)
         hidden = config.hidden_size
         self.choice_head = nn.Linear(hidden, 1)
@@ -157,7 +165,9 @@ class AleaModel(AleaPreTrainedModel):
         Args:
             name_or_path_or_config (`str`, `os.PathLike` or `PreTrainedConfig`):
                 A Hub id or local directory of a pretrained decoder (its weights are loaded and the config records it as
-                ``backbone_name_or_path``), or a config (the backbone is randomly initialised).
+                ``backbone_name_or_path``), a ``.gguf`` file (converted once into an ordinary checkpoint in the cache,
+                which is what gets recorded: ``alea_trl.loading.gguf_checkpoint``), or a config (the backbone is
+                randomly initialised).
             backbone_kwargs (`dict`, *optional*):
                 Passed to ``AutoModel.from_pretrained`` / ``from_config`` (e.g. ``dtype``, ``attn_implementation``).
             **head_kwargs: [`AleaConfig`] fields (``max_score_bins``, ``use_aux_embed``, ...).
@@ -166,13 +176,41 @@ class AleaModel(AleaPreTrainedModel):
         if isinstance(name_or_path_or_config, PreTrainedConfig):
             backbone = AutoModel.from_config(name_or_path_or_config, **backbone_kwargs)
         else:
+            from .loading import resolve_gguf
+
+            name_or_path_or_config = resolve_gguf(name_or_path_or_config)  # a .gguf file: its cached checkpoint
             backbone = AutoModel.from_pretrained(name_or_path_or_config, **backbone_kwargs)
             head_kwargs.setdefault("backbone_name_or_path", os.fspath(name_or_path_or_config))
         # the composite config propagates its attention implementation to the backbone's: keep the backbone's
         attn = backbone.config._attn_implementation
         config = AleaConfig(text_config=backbone.config, attn_implementation=attn, **head_kwargs)
+        if is_deepspeed_zero3_enabled():  # the backbone came partitioned: build the heads partitioned too
+            return cls._with_partitioned_heads(config, backbone)
         model = cls(config, backbone=backbone)
         return model.to(backbone.dtype)
+
+    @classmethod
+    def _with_partitioned_heads(cls, config: AleaConfig, backbone: PreTrainedModel) -> AleaModel:
+        """Under ZeRO-3: the heads and extras built inside ``zero.Init`` (partitioned over the ranks as they are
+        created), then initialised module by module while gathered, on rank 0, and broadcast when the gather ends."""
+        import deepspeed
+        from transformers.integrations import deepspeed_config
+
+        # the dtype comes from the DeepSpeed config, as for the backbone (zero.Init's own dtype argument is ignored
+        # on CPU in deepspeed 0.19: it then always builds bfloat16)
+        with init.no_init_weights(), deepspeed.zero.Init(config_dict_or_path=deepspeed_config()):
+            model = cls(config, backbone=backbone)
+        in_backbone = {id(m) for m in backbone.modules()}
+        own = [m for m in model.modules() if m is not model and id(m) not in in_backbone]
+        with torch.no_grad(), init.guard_torch_init_functions():
+            for module in own:
+                params = list(module.parameters(recurse=False))
+                if not params:
+                    continue
+                with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+                    if deepspeed.comm.get_rank() == 0:
+                        model._init_weights(module)
+        return model
 
     # --------------------------------------------------------------------------------------------------- forward
     def get_input_embeddings(self):

@@ -18,7 +18,7 @@ import contextlib
 import os
 
 from ..evaluation import table_metrics
-from ..loading import BASE_BACKBONE_DIR, lora_base, record_lora_base, save_frozen_backbone
+from ..loading import BASE_BACKBONE_DIR, frozen_backbone_state, lora_base, record_lora_base, save_frozen_backbone
 from .model_card import build_model_card
 
 
@@ -120,12 +120,16 @@ class HubOutputs:
         output_dir = output_dir or self.args.output_dir
         super().save_model(output_dir, _internal_call)
         unwrapped = self.accelerator.unwrap_model(self.model)
-        if hasattr(unwrapped, "get_base_model") and self.args.should_save:  # a peft model: a LoRA output
-            model = unwrapped.get_base_model()
-            base = lora_base(model)
-            if base is None:  # random backbone weights: the adapter's base is a copy saved beside it
-                base = BASE_BACKBONE_DIR
-                save_frozen_backbone(model.backbone, os.path.join(output_dir, base))
+        if not hasattr(unwrapped, "get_base_model"):  # not a peft model: no LoRA output
+            return
+        model = unwrapped.get_base_model()
+        base = lora_base(model)
+        if base is None:  # random backbone weights: the adapter's base is a copy saved beside it
+            base = BASE_BACKBONE_DIR
+            state = frozen_backbone_state(model.backbone)  # every rank: gathered under ZeRO-3
+            if self.args.should_save:
+                save_frozen_backbone(state, model.backbone.config, os.path.join(output_dir, base))
+        if self.args.should_save:
             record_lora_base(output_dir, base)
             model.config.save_pretrained(output_dir)
 
