@@ -19,13 +19,14 @@ Design decisions:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 
 import torch
-from transformers import AutoConfig, AutoModel
+from transformers import AutoConfig
 from transformers.utils import (
     ADAPTER_CONFIG_NAME,
     SAFE_WEIGHTS_INDEX_NAME,
@@ -317,16 +318,40 @@ def record_lora_base(output_dir: str, base: str) -> None:
         json.dump(adapter_config, f, indent=2, sort_keys=True)
 
 
-def save_frozen_backbone(backbone, output_dir: str) -> None:
-    """Save the frozen weights of a LoRA-wrapped backbone as a plain decoder checkpoint (adapters left out)."""
-    state = {
-        name.replace(".base_layer.", "."): tensor
-        for name, tensor in backbone.state_dict().items()
-        if "lora_" not in name
-    }
-    plain = AutoModel.from_config(backbone.config, dtype=next(iter(state.values())).dtype)
-    plain.load_state_dict(state, strict=True)
-    plain.save_pretrained(output_dir)
+def frozen_backbone_state(backbone) -> dict:
+    """The frozen weights of a LoRA-wrapped backbone as a plain decoder's state dict (adapters left out).
+
+    Under DeepSpeed ZeRO-3 the weights are gathered from every rank, so every rank must call it.
+    """
+    partitioned = [p for p in backbone.parameters() if hasattr(p, "ds_id")]
+    with gathered_parameters(partitioned):
+        return {
+            name.replace(".base_layer.", "."): tensor.detach().clone()
+            for name, tensor in backbone.state_dict().items()
+            if "lora_" not in name
+        }
+
+
+def gathered_parameters(params: list):
+    """DeepSpeed's ``GatheredParameters`` over ZeRO-3 partitioned ``params`` (read only); a no-op for none."""
+    if not params:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
+
+def save_frozen_backbone(state: dict, config, output_dir: str) -> None:
+    """Save a backbone's weights (:func:`frozen_backbone_state`) with its config as a plain decoder checkpoint that
+    ``AutoModel.from_pretrained`` loads. Written directly rather than through a model built for it, which under
+    ZeRO-3 would be built partitioned, a collective that only the saving rank would enter."""
+    from safetensors.torch import save_file
+
+    os.makedirs(output_dir, exist_ok=True)
+    config.save_pretrained(output_dir)
+    save_file(
+        {k: v.contiguous() for k, v in state.items()}, os.path.join(output_dir, SAFE_WEIGHTS_NAME), {"format": "pt"}
+    )
 
 
 __all__ = [
@@ -336,6 +361,7 @@ __all__ = [
     "check_model_path",
     "convert_gguf",
     "file_sha256",
+    "frozen_backbone_state",
     "gguf_checkpoint",
     "has_weights",
     "is_complete_checkpoint",
