@@ -11,6 +11,7 @@ from trl import GRPOConfig
 from .config_checks import (
     check_generation_pacing,
     check_inherited_fields,
+    check_process_group_backend,
     check_resolved_fields,
     fold_trust_remote_code,
 )
@@ -272,6 +273,7 @@ class AleaEnvGRPOConfig(GRPOConfig):
         if self.bf16 is None and not self.fp16 and not _accelerator_available():
             self.bf16 = False  # TRL's default (bf16) needs a GPU; on a CPU-only machine train in fp32
         check_inherited_fields(self)  # before TRL's checks, so a refused field is named as the user set it
+        check_process_group_backend(self)  # before DeepSpeed's own batch check fails on it, deep in the run
         pacing_field = next((f for f in ("steps_per_generation", "generation_batch_size") if getattr(self, f)), None)
         k = self.num_generations
         self.num_generations = _WholeGroups(2)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -153,6 +154,28 @@ def check_inherited_fields(config) -> None:
     _check_epsilons(config, defaults)
 
 
+def check_process_group_backend(config) -> None:
+    """A DeepSpeed launch of several processes on a machine without an accelerator needs ``ddp_backend="gloo"``.
+
+    accelerate picks a process-group backend from the device: on CPU with ``use_cpu=False`` (as DeepSpeed runs) it
+    picks none, counts one process, and DeepSpeed's batch check then fails deep inside ``deepspeed.initialize``
+    (``train_batch_size 4 != 4 * 1 * 2``). Refused here, at once, naming the flag. On GPUs the flag stays unset:
+    accelerate takes NCCL, and gloo would replace it.
+    """
+    import torch
+
+    deepspeed = bool(config.deepspeed) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    if deepspeed and several and not accelerator and not config.use_cpu and config.ddp_backend is None:
+        _fail(
+            "ddp_backend",
+            "DeepSpeed over several processes on a machine without an accelerator needs a CPU process-group backend "
+            "(accelerate picks none here, counts one process, and DeepSpeed's batch check fails)",
+            "add --ddp_backend gloo (ddp_backend='gloo'); on GPUs leave it unset so that NCCL is used",
+        )
+
+
 def _check_epsilons(config, defaults: dict[str, Any]) -> None:
     """`epsilon` / `epsilon_high` set for a loss that does not read them (as TRL: cispo reads `epsilon` only as the
     fallback of `epsilon_high`, its weight cap; sapo and vespo read neither)."""
@@ -264,6 +287,7 @@ def _finite(x) -> bool:
 
 
 __all__ = [
+    "check_process_group_backend",
     "ALLOWED",
     "CLIPPED_LOSSES",
     "DEFAULT_ONLY",
