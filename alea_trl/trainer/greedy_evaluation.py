@@ -20,6 +20,7 @@ import contextlib
 from transformers.trainer_utils import IntervalStrategy
 
 from ..evaluation import evaluation_sums, table_from_means, table_metrics
+from .reference import is_peft_model
 
 
 # figures ``evaluate()`` logs per env (``eval_<env>/<figure>``); report / skill / baseline figures take a qtype
@@ -86,9 +87,11 @@ class GreedyEvaluation:
         unwrapped.eval()
         episodes = self.args.eval_episodes if episodes is None else episodes
         seed = self.args.seed + 1 if seed is None else seed
-        with self.even_forwards.region({1: unwrapped}):  # sharded: as many forwards on every process
+        # predict runs the forward of the model itself: under LoRA that is peft's base model (adapters inside it)
+        answering = unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped
+        with self.even_forwards.region({1: answering}):  # sharded: as many forwards on every process
             sums = evaluation_sums(
-                unwrapped,
+                answering,
                 self._tokenizer,
                 self.env_factories,
                 episodes=episodes,

@@ -96,7 +96,9 @@ def main(engine: str, out_dir: str, mode: str, checkpoint: str | None = None) ->
         lr_head=1e-3,
         train_mode="lora" if mode == "lora" else "full",
         tail_k=1,
-        eval_episodes=3,  # 2 episodes on rank 0, 1 on rank 1
+        # 9 episodes of each env on rank 0, 8 on rank 1: a wave of 9 decisions of one env takes two forwards of
+        # max_batch 8, a wave of 8 one, so the ranks run different numbers of evaluation forwards
+        eval_episodes=17,
         **engine_args,
     )
     torch.manual_seed(0)
@@ -113,8 +115,10 @@ def main(engine: str, out_dir: str, mode: str, checkpoint: str | None = None) ->
             lambda *_: counts.__setitem__("reference", counts["reference"] + 1)
         )
     trainer.train(resume_from_checkpoint=checkpoint if mode == "resume" else None)
+    before_eval = trainer.even_forwards.dummy_forwards
     if mode in ("train", "lora"):
         trainer.evaluate()
+    eval_dummies = trainer.even_forwards.dummy_forwards - before_eval
     final = f"{out_dir}/final"
     trainer.save_model(final)
     inputs = probe_inputs(tokenizer)
@@ -124,6 +128,7 @@ def main(engine: str, out_dir: str, mode: str, checkpoint: str | None = None) ->
     record = {
         "counts": counts,
         "dummy_forwards": trainer.even_forwards.dummy_forwards,
+        "eval_dummy_forwards": eval_dummies,
         "log": trainer.state.log_history,
         "inputs": inputs,
         "choice_logits": logits,

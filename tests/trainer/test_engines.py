@@ -103,6 +103,8 @@ def _assert_even(ranks: list[dict]) -> None:
     """The ranks' work differed, and every rank ran the same forwards (parameters are gathered per forward)."""
     assert ranks[0]["counts"] == ranks[1]["counts"]
     assert ranks[0]["dummy_forwards"] + ranks[1]["dummy_forwards"] > 0  # uneven work, made even by dummy forwards
+    if any("eval_normalized_score" in h for h in ranks[0]["log"]):  # the evaluation's forwards were uneven too
+        assert ranks[0]["eval_dummy_forwards"] + ranks[1]["eval_dummy_forwards"] > 0
 
 
 def _assert_same_weights(a: Path, b: Path) -> None:
