@@ -19,6 +19,27 @@ import torch.distributed as dist
 from accelerate import PartialState
 
 
+def describe_engine(trainer) -> str:
+    """The engine a trainer runs under, in words: ``"DeepSpeed ZeRO-3 over gloo, 2 processes"``,
+    ``"FSDP2 over gloo, 2 processes"``, ``"DDP over gloo, 2 processes"`` or ``"one process (cpu)"``.
+
+    DeepSpeed's stage is known once ``train()`` has built its engine; before, it says ``"DeepSpeed"``."""
+    accelerator = trainer.accelerator
+    n = accelerator.num_processes
+    backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+    if trainer.is_deepspeed_enabled:
+        engine = trainer.model_wrapped
+        stage = engine.zero_optimization_stage() if hasattr(engine, "zero_optimization_stage") else None
+        name = "DeepSpeed" if stage is None else f"DeepSpeed ZeRO-{stage}"
+    elif trainer.is_fsdp_enabled:
+        name = f"FSDP{getattr(accelerator.state.fsdp_plugin, 'fsdp_version', 1)}"
+    elif n > 1:
+        name = "DDP"
+    else:
+        return f"one process ({accelerator.device})"
+    return f"{name} over {backend}, {n} processes"
+
+
 def end_distributed() -> None:
     """Destroy the default process group, if one is up, once the objects that used it are collected.
 
@@ -31,4 +52,4 @@ def end_distributed() -> None:
     PartialState().destroy_process_group()
 
 
-__all__ = ["end_distributed"]
+__all__ = ["describe_engine", "end_distributed"]

@@ -26,7 +26,7 @@ from alea_trl.collate import collate_segments, pad_token_id
 from alea_trl.envs import env_factories
 from alea_trl.packing import pack_request
 from alea_trl.testing import build_tiny_tokenizer, tiny_backbone_config
-from alea_trl.trainer.distributed import end_distributed
+from alea_trl.trainer.distributed import describe_engine, end_distributed
 
 
 def fsdp_on_cpu() -> None:
@@ -50,7 +50,7 @@ def probe_inputs(tokenizer) -> dict:
 def engine_record(trainer, engine: str) -> dict:
     """What the test checks about the engine: the wrapped model's class, DeepSpeed's ZeRO stage, and under ZeRO-3 how
     much of each parameter this rank holds."""
-    record = {"model_type": type(trainer.model_wrapped).__name__}
+    record = {"model_type": type(trainer.model_wrapped).__name__, "engine": describe_engine(trainer)}
     if engine.startswith("zero"):
         record["zero_stage"] = trainer.model_wrapped.zero_optimization_stage()
         unwrapped = trainer.accelerator.unwrap_model(trainer.model)

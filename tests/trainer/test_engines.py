@@ -88,7 +88,9 @@ def _assert_engine(ranks: list[dict], engine: str) -> None:
     assert all(r["world"] == 2 for r in ranks)
     if engine == "fsdp":
         assert all(r["model_type"].startswith("FSDP") for r in ranks)
+        assert ranks[0]["engine"] == "FSDP2 over gloo, 2 processes"
         return
+    assert ranks[0]["engine"] == f"DeepSpeed ZeRO-{engine[-1]} over gloo, 2 processes"
     assert [r["model_type"] for r in ranks] == ["DeepSpeedEngine"] * 2
     assert [r["zero_stage"] for r in ranks] == [int(engine[-1])] * 2
     if engine == "zero3":  # each rank holds its half of every parameter, nothing more
