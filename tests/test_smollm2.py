@@ -200,3 +200,38 @@ def test_lora_on_the_real_checkpoint_saves_and_reloads_to_identical_answers(smol
         assert x.keys() == y.keys()
         for qid in x:
             torch.testing.assert_close(torch.as_tensor(y[qid]), torch.as_tensor(x[qid]), atol=RELOAD_ATOL, rtol=0)
+
+
+def test_the_recipe_trains_two_steps_and_saves_the_pretrained_llama(smollm2, tmp_path, monkeypatch):
+    """``recipes/configs/smollm2_135m.yaml`` as the README runs it, cut to two steps: it fetches the model itself
+    (cached here) and saves an Alea model around the configured first layers of the Llama, with its tokenizer."""
+    import importlib.util
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    config_path = root / "recipes" / "configs" / "smollm2_135m.yaml"
+    layers = yaml.safe_load(config_path.read_text())["model_init_kwargs"]["num_hidden_layers"]
+    monkeypatch.chdir(root)
+    spec = importlib.util.spec_from_file_location("rl_env", root / "recipes" / "rl_env.py")
+    rl_env = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rl_env)
+    out = tmp_path / "smol"
+    argv = ["--config", str(config_path), "--output_dir", str(out), "--max_steps", "2", "--eval_episodes", "2"]
+    argv += ["--final_eval_episodes", "2", "--disable_tqdm", "true"]
+    argv += ["--per_device_train_batch_size", "4", "--max_batch", "4", "--eps_per_env", "2"]  # a smaller step: speed
+    table = rl_env.main(*rl_env.make_parser().parse_args_and_config(argv))
+    assert set(table) == {"hmm", "kelly", "newsvendor"}
+    config = json.load(open(out / "config.json"))
+    text = config["text_config"]
+    assert config["model_type"] == "alea" and text["model_type"] == "llama"
+    assert (text["num_hidden_layers"], text["hidden_size"], text["vocab_size"]) == (layers, 576, 49152)
+    assert config["backbone_name_or_path"] == smollm2
+    assert len(AutoTokenizer.from_pretrained(out)) == 49152
+    loaded = AleaModel.from_pretrained(out)
+    pretrained = AleaModel.from_backbone(smollm2, backbone_kwargs={"num_hidden_layers": layers})
+    # the embeddings never train: the saved backbone is the pretrained one's
+    torch.testing.assert_close(
+        loaded.backbone.embed_tokens.weight, pretrained.backbone.embed_tokens.weight, atol=0, rtol=0
+    )
