@@ -28,6 +28,34 @@ from __future__ import annotations
 import torch
 
 
+def reward_scale(
+    rewards: torch.Tensor, legal: torch.Tensor, scale_rewards: str, env_ids: torch.Tensor
+) -> torch.Tensor:
+    """Each decision's reward scale `(N, 1)`, as ``scale_rewards`` says: the std of its legal ``Q`` (``"group"``), the
+    std of every legal ``Q`` of its env's decisions in the wave (``"batch"``: envs report rewards in their own units),
+    or 1 (``"none"``); ``1e-4`` is added to a std.
+
+    Args:
+        rewards (`torch.Tensor` of shape `(N, A)`): the exact expected reward of each action.
+        legal (`torch.Tensor` of shape `(N, A)`): which actions are legal.
+        scale_rewards (`str`): ``"group"``, ``"batch"`` or ``"none"``.
+        env_ids (`torch.Tensor` of shape `(N,)`): each decision's env.
+    """
+    q = rewards.masked_fill(~legal, 0.0)
+    if scale_rewards == "group":
+        n_legal = legal.sum(-1, keepdim=True)
+        mean = q.sum(-1, keepdim=True) / n_legal.clamp(min=1)
+        deviation = (q - mean).masked_fill(~legal, 0.0)
+        return (deviation.square().sum(-1, keepdim=True) / (n_legal - 1).clamp(min=1)).sqrt() + 1e-4
+    scale = torch.ones(len(q), 1)
+    if scale_rewards == "batch":
+        for env in env_ids.unique().tolist():
+            rows = env_ids == env
+            values = q[rows][legal[rows]]
+            scale[rows] = (values.std() if values.numel() > 1 else 0.0) + 1e-4
+    return scale
+
+
 def all_action_advantages(
     rewards: torch.Tensor, legal: torch.Tensor, logp: torch.Tensor, scale_rewards: str, env_ids: torch.Tensor
 ) -> torch.Tensor:
@@ -38,25 +66,14 @@ def all_action_advantages(
         rewards (`torch.Tensor` of shape `(N, A)`): the exact expected reward of each action.
         legal (`torch.Tensor` of shape `(N, A)`): which actions are legal.
         logp (`torch.Tensor` of shape `(N, A)`): the behaviour policy's log-probs (their baseline ``V``).
-        scale_rewards (`str`): ``"group"``, ``"batch"`` or ``"none"``.
+        scale_rewards (`str`): ``"group"``, ``"batch"`` or ``"none"`` (see :func:`reward_scale`).
         env_ids (`torch.Tensor` of shape `(N,)`): each decision's env (``"batch"`` takes one std per env).
     """
     n_legal = legal.sum(-1, keepdim=True)
     q = rewards.masked_fill(~legal, 0.0)
     p = logp.exp().masked_fill(~legal, 0.0)
     centred = (q - (p * q).sum(-1, keepdim=True) / p.sum(-1, keepdim=True)).masked_fill(~legal, 0.0)
-    if scale_rewards == "group":
-        mean = q.sum(-1, keepdim=True) / n_legal.clamp(min=1)
-        deviation = (q - mean).masked_fill(~legal, 0.0)
-        scale = (deviation.square().sum(-1, keepdim=True) / (n_legal - 1).clamp(min=1)).sqrt() + 1e-4
-    elif scale_rewards == "batch":
-        scale = torch.ones(len(q), 1)
-        for env in env_ids.unique().tolist():
-            rows = env_ids == env
-            values = q[rows][legal[rows]]
-            scale[rows] = (values.std() if values.numel() > 1 else 0.0) + 1e-4
-    else:
-        scale = torch.ones(len(q), 1)
+    scale = reward_scale(rewards, legal, scale_rewards, env_ids)
     no_signal = (q == q[:, :1]).masked_fill(~legal, True).all(-1, keepdim=True) | (n_legal < 2)
     return (centred / scale).masked_fill(no_signal, 0.0)
 
@@ -104,4 +121,4 @@ def _fit(x: torch.Tensor, width: int) -> torch.Tensor:
     return x[:, :width] if x.shape[-1] >= width else torch.nn.functional.pad(x, (0, width - x.shape[-1]))
 
 
-__all__ = ["all_action_advantages", "all_actions_loss"]
+__all__ = ["all_action_advantages", "all_actions_loss", "reward_scale"]

@@ -32,6 +32,7 @@ from ..losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
 from ..questions import ACT_QID, QTYPES
 from .all_actions import all_actions_loss
 from .entropy import act_entropy, high_entropy_samples
+from .mirror_update import mirror_loss
 from .policy_loss import Collectives, PolicyObjective, PolicyStats, policy_loss
 
 
@@ -152,6 +153,7 @@ def grpo_loss(
     objective: PolicyObjective | None = None,
     entropy_coef: float | None = None,
     collectives: Collectives | None = None,
+    dense_update: str = "all_actions",
 ) -> tuple[torch.Tensor, LossTerms]:
     """The whole objective of one forward: policy loss (- ``entropy_coef`` x the act entropy) + ``beta`` x exact KL +
     ``report_w`` x report loss.
@@ -175,6 +177,9 @@ def grpo_loss(
             actions train here (and pass the high-entropy mask); ``None``: no bonus.
         collectives (`Collectives`, *optional*): cross-process operations (global sample counts, the entropy
             quantile); every process must call this function once per micro-batch. Default: one process.
+        dense_update (`str`, defaults to `"all_actions"`): how the rows of ``inputs["all_actions_rows"]`` train:
+            ``"all_actions"`` (:func:`all_actions_loss`) or ``"mirror"`` (:func:`mirror_loss`, whose steps hold the
+            reference term: those rows take no separate ``beta`` x KL).
 
     Returns:
         `(torch.Tensor, LossTerms)`: the loss and its parts.
@@ -197,7 +202,15 @@ def grpo_loss(
         logp, old_logp, advantages, sample_mask, epsilon_low, epsilon_high, delta, outcome_rows, outcome_weight,
         objective=objective, keep=keep, collectives=collectives,
     )  # fmt: skip
-    if all_rows is not None and bool(all_rows.any()):
+    mirror_rows = all_rows if all_rows is not None and dense_update == "mirror" else None
+    if mirror_rows is not None and bool(mirror_rows.any()):
+        dense_loss, kl_sum = mirror_loss(
+            logp_all, inputs["old_logps_all"].to(device), inputs["action_advantages"].to(device), legal, mirror_rows
+        )
+        n_clipped = torch.zeros((), device=device)  # the loss stops at its target: nothing to clip
+        pg_loss, stats = pg_loss + dense_loss, with_all_actions(stats, n_clipped, (legal & all_rows[:, None]).sum(),
+                                                               kl_sum, all_rows.sum())  # fmt: skip
+    elif all_rows is not None and bool(all_rows.any()):
         dense_loss, n_clipped, kl_sum = all_actions_loss(
             logp_all, inputs["old_logps_all"].to(device), inputs["action_advantages"].to(device), legal, all_rows,
             epsilon_low, epsilon_high,
@@ -215,7 +228,8 @@ def grpo_loss(
     if beta != 0.0:
         ref_logp = _fit_width(inputs["ref_logps"].to(device), logp_all.shape[-1])  # (N, A)
         kl = exact_kl(logp_all, ref_logp, legal) * kl_report_mask
-        loss = loss + beta * kl.sum() / kl_report_mask.sum().clamp(min=1.0)
+        kl_mask = kl_report_mask if mirror_rows is None else kl_report_mask * ~mirror_rows  # mirror: folded in
+        loss = loss + beta * (kl * kl_mask).sum() / kl_mask.sum().clamp(min=1.0)
     reports = report_losses(output, batch, inputs["targets"], taus)
     report_loss, has_reports = mean_report_loss(reports, device)
     loss = loss + report_w * report_loss
