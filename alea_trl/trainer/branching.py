@@ -13,8 +13,17 @@ Design decisions:
    one no-grad forward (``continuation_logits``) and samples one action each. Only the act is packed and
    answered there (``Observer.prepare(act_only=True)``): the reports' tokens and oracle targets would go unused.
 4. Cost: about k x (decisions left in the episode) forwards without autograd per branched decision. ``branch_limit``
-   caps the decisions branched per call; the others (and those whose env cannot be copied or fails in a copy) are
-   valued by reward-to-go when their episode ends.
+   caps the decisions branched per call and ``branch_max_rounds`` the continuation rounds of a call (an episode with
+   no horizon under a policy that never ends it would otherwise loop inside one training step); a decision whose
+   branches are still running at the cap is counted (``branch/capped``) and valued by reward-to-go when its episode
+   ends, as are the decisions not branched.
+5. A decision whose branching fails is valued by reward-to-go too, and never silently: :class:`BranchFallbacks`
+   counts it by cause (``branch/failed/<cause>``: the env's deep copy failed, a copy's ``step`` raised or returned a
+   non-finite reward, a copy's ``observe`` raised or its decision did not validate, or it did not fit ``max_len``) and
+   warns once per env and cause. With ``on_env_error="raise"`` an exception in a copy's ``step`` or ``observe`` (and a
+   decision that does not validate) raises a ``ValueError`` naming the env, as in the episode itself; a decision
+   longer than ``max_len`` and an env that cannot be deep-copied are never errors (the episode itself skips the
+   first, and the second only rules out branching).
 """
 
 from __future__ import annotations
@@ -23,10 +32,70 @@ import copy
 import math
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from .sampling import sampling_probs
+
+
+FAILURE_CAUSES = ("copy", "step", "observe", "max_len")
+"""Why a decision's branching failed (``branch/failed/<cause>``): its env's deep copy, a copy's ``step``, a copy's
+``observe`` or the validation of its decision, a copy's decision longer than ``max_len``."""
+
+
+@dataclass
+class BranchFallbacks:
+    """The decisions whose branching failed or hit ``branch_max_rounds`` since the last :meth:`pop_counts`, counted by
+    cause; each cause warns once per env.
+
+    Args:
+        on_env_error (`str`, defaults to `"raise"`): ``"raise"``: an exception in a copy's ``step`` or ``observe``
+            (or a copy's decision that does not validate) raises a ``ValueError`` naming the env; ``"skip"``: the
+            decision is counted and valued by reward-to-go.
+    """
+
+    on_env_error: str = "raise"
+    failed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_CAUSES, 0))
+    capped: int = 0
+    not_copyable: set[str] = field(default_factory=set)  # envs whose deep copy failed: never branched again
+    warned: set[tuple[str, str]] = field(default_factory=set)
+
+    def fail(self, env: str, cause: str, detail: str, where: str | None = None) -> None:
+        """Count one decision of ``env`` whose branching failed for ``cause``; with ``on_env_error="raise"``, raise
+        instead when ``cause`` is an env error (``"step"`` or ``"observe"``; ``where`` says which decision)."""
+        if self.on_env_error == "raise" and cause in ("step", "observe"):
+            raise ValueError(
+                f"env {env!r}, {where}, during {cause}() in a deep copy of the env (a branch valuing a sampled "
+                f"action): {detail} (set on_env_error='skip' to value such decisions by reward-to-go and keep "
+                "training)"
+            )
+        self.failed[cause] += 1
+        self._warn_once(env, cause, f"branching failed ({cause}: {detail})", f"branch/failed/{cause}")
+
+    def cap(self, env: str, max_rounds: int) -> None:
+        """Count one decision of ``env`` whose branches were still running after ``max_rounds`` rounds."""
+        self.capped += 1
+        self._warn_once(
+            env, "max_rounds", f"its branches were still running after branch_max_rounds={max_rounds}", "branch/capped"
+        )
+
+    def _warn_once(self, env: str, cause: str, what: str, metric: str) -> None:
+        if (env, cause) not in self.warned:
+            self.warned.add((env, cause))
+            warnings.warn(
+                f"env {env!r}: {what}; such decisions are valued by reward-to-go instead of branching and counted in "
+                f"the metric {metric!r} (this warning is shown once per env)",
+                stacklevel=3,
+            )
+
+    def pop_counts(self) -> dict[str, float]:
+        """``branch/failed`` (all causes), ``branch/failed/<cause>`` and ``branch/capped`` since the last call."""
+        out = {f"branch/failed/{cause}": float(n) for cause, n in self.failed.items()}
+        out["branch/failed"] = float(sum(self.failed.values()))
+        out["branch/capped"] = float(self.capped)
+        self.failed, self.capped = dict.fromkeys(FAILURE_CAUSES, 0), 0
+        return out
 
 
 def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -41,9 +110,10 @@ def branch_values(
     generator: torch.Generator,
     temperature: float,
     limit: int,
-    not_copyable: set[str],
+    fallbacks: BranchFallbacks,
     filters: tuple[int, float, float | None] = (0, 1.0, None),
     reward_weight: float = 1.0,
+    max_rounds: int | None = None,
 ) -> tuple[list[list[float] | None], int]:
     """Branch returns of the sampled actions of outcome decisions.
 
@@ -56,10 +126,13 @@ def branch_values(
         generator (`torch.Generator`): draws the continuation actions.
         temperature (`float`): the sampling temperature.
         limit (`int`): most decisions branched in this call.
-        not_copyable (`set[str]`): env names whose envs failed to copy (updated; each warns once).
+        fallbacks (`BranchFallbacks`): counts (and warns about, or raises for) the decisions whose branching failed
+            or hit ``max_rounds``; remembers the envs that cannot be deep-copied.
         filters (`tuple`, defaults to `(0, 1.0, None)`): ``(top_k, top_p, min_p)`` of the continuation draws (see
             :func:`~alea_trl.trainer.sampling.filter_action_logits`).
         reward_weight (`float`, defaults to `1.0`): multiplies every reward of a branch (``reward_weights``).
+        max_rounds (`int`, *optional*): most continuation rounds (forwards) of this call; ``None``: until every
+            copy's episode ends.
 
     Returns:
         `(list[list[float] | None], int)`: per decision its k branch returns, or ``None`` where it was not branched;
@@ -68,23 +141,26 @@ def branch_values(
     values: list[list[float] | None] = [None] * len(episodes)
     live = []  # [decision, branch, env copy]
     for i, (ep, acts) in enumerate(zip(episodes, actions)):
-        if limit <= 0 or ep.env_name in not_copyable:
+        if limit <= 0:
+            continue
+        if ep.env_name in fallbacks.not_copyable:
+            fallbacks.fail(ep.env_name, "copy", "its env cannot be deep-copied (an earlier copy failed)")
             continue
         try:
             copies = [copy.deepcopy(ep.env) for _ in acts]
         except Exception as err:
-            not_copyable.add(ep.env_name)
-            warnings.warn(
-                f"env {ep.env_name!r} cannot be deep-copied ({type(err).__name__}: {err}); its outcome decisions are "
-                "valued by reward-to-go instead of branching",
-                stacklevel=2,
-            )
+            fallbacks.not_copyable.add(ep.env_name)
+            fallbacks.fail(ep.env_name, "copy", f"its env cannot be deep-copied ({type(err).__name__}: {err})")
             continue
         limit -= 1
         values[i] = [0.0] * len(acts)
         live += [[i, j, env] for j, env in enumerate(copies)]
-    failed: set[int] = set()
-    answered = 0
+
+    def where(i: int, j: int) -> str:
+        return f"decision {episodes[i].n_decisions} of its episode, branch {j} of {len(actions[i])}"
+
+    failed: set[int] = set()  # decisions valued otherwise (failed or capped)
+    answered = rounds = 0
     pending = [(i, j, env, actions[i][j]) for i, j, env in live]
     while pending:
         live = []
@@ -96,24 +172,36 @@ def branch_values(
                 reward = float(reward)
                 if not math.isfinite(reward):
                     raise ValueError(f"field 'reward': step() returned {reward}")
-            except Exception:
+            except Exception as err:
                 failed.add(i)
+                fallbacks.fail(episodes[i].env_name, "step", _detail(err), where(i, j))
                 continue
             values[i][j] += reward * reward_weight
             if not done:
                 live.append((i, j, env))
         prepared = []  # (packed decision, branch)
         for i, j, env in live:
-            where, value, _ = observer.prepare(env, episodes[i].env_name, act_only=True)
-            if where is not None:  # a copy whose decision does not validate or fit: value this decision otherwise
+            if i in failed:
+                continue
+            cause, value, _ = observer.prepare(env, episodes[i].env_name, act_only=True)
+            if cause is not None:  # a copy's decision that does not validate or fit: value this decision otherwise
                 failed.add(i)
+                fallbacks.fail(
+                    episodes[i].env_name, "max_len" if cause == "pack" else cause, _detail(value), where(i, j)
+                )
             else:
                 prepared.append((value[0], (i, j, env)))
         prepared = [(p, branch) for p, branch in prepared if branch[0] not in failed]
         if not prepared:
             break
+        if max_rounds is not None and rounds >= max_rounds:
+            for i in sorted({branch[0] for _, branch in prepared}):
+                failed.add(i)
+                fallbacks.cap(episodes[i].env_name, max_rounds)
+            break
         packed, kept = [p for p, _ in prepared], [branch for _, branch in prepared]
         logp = _log_probs(continuation_logits(packed), temperature)  # (M, A)
+        rounds += 1
         answered += len(kept)
         drawn = torch.multinomial(sampling_probs(logp, *filters), 1, generator=generator)[:, 0].tolist()
         pending = [(i, j, env, a) for (i, j, env), a in zip(kept, drawn)]
@@ -122,4 +210,8 @@ def branch_values(
     return values, answered
 
 
-__all__ = ["branch_values"]
+def _detail(err: Exception) -> str:
+    return str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+
+
+__all__ = ["FAILURE_CAUSES", "BranchFallbacks", "branch_values"]

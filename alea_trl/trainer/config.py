@@ -111,6 +111,12 @@ class AleaEnvGRPOConfig(GRPOConfig):
         branch_limit (`int`, *optional*, defaults to `8`):
             With `outcome_advantage="branch"`, the most outcome decisions branched per batch of decisions; the others
             are valued by reward-to-go.
+        branch_max_rounds (`int`, *optional*, defaults to `1000`):
+            With `outcome_advantage="branch"`, the most continuation rounds (one no-grad forward each, answering every
+            live copy) that valuing one batch of decisions may run. A decision whose copies are still playing at the
+            cap is valued by reward-to-go and counted in the metric `branch/capped` (an env with no horizon under a
+            policy that never ends it would otherwise keep the step waiting forever). The default is above the
+            horizon of every built-in env.
         num_generations_per_env (`dict[str, int]`, *optional*):
             k by env name, for the named envs; the others sample `num_generations`. An env whose groups need more
             samples (an outcome env whose best move k = 8 draws often miss) gets them without widening every
@@ -218,6 +224,13 @@ class AleaEnvGRPOConfig(GRPOConfig):
         metadata={"help": "Outcome decisions' advantage: 'rtg' (reward-to-go), 'branch' (env copies) or 'episode'."},
     )
     branch_limit: int = field(default=8, metadata={"help": "Most outcome decisions branched per batch of decisions."})
+    branch_max_rounds: int = field(
+        default=1000,
+        metadata={
+            "help": "Most continuation rounds (no-grad forwards) of one batch's branching; decisions still playing at "
+            "the cap are valued by reward-to-go and counted in branch/capped."
+        },
+    )
     outcome_loss_weight: float = field(
         default=1.0, metadata={"help": "Weight of the outcome envs' policy-loss mean (the dense envs' has weight 1)."}
     )
@@ -302,6 +315,7 @@ class AleaEnvGRPOConfig(GRPOConfig):
             ("outcome_baseline_window", self.outcome_baseline_window >= 2, "an integer >= 2"),
             ("outcome_advantage", self.outcome_advantage in OUTCOME_ADVANTAGES, f"one of {OUTCOME_ADVANTAGES}"),
             ("branch_limit", self.branch_limit >= 0, "an integer >= 0"),
+            ("branch_max_rounds", self.branch_max_rounds >= 1, "an integer >= 1"),
             ("outcome_loss_weight", self.outcome_loss_weight >= 0, "a number >= 0"),
             ("report_w", self.report_w >= 0, "a number >= 0"),
             ("max_steps", self.max_steps > 0, "a positive number of steps (there is no dataset epoch)"),

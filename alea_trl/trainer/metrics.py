@@ -15,6 +15,7 @@ import math
 import torch
 
 from ..questions import QTYPES
+from .branching import FAILURE_CAUSES
 
 
 def gathered_means(accelerator, sums: dict[str, tuple[float, float]]) -> dict[str, float]:
@@ -35,10 +36,14 @@ def gathered_means(accelerator, sums: dict[str, tuple[float, float]]) -> dict[st
 def rollout_sums(stats: dict[str, list[float]], env_names: list[str]) -> dict[str, tuple[float, float]]:
     """(sum, count) pairs of a rollout's statistics: per env the episode return (and the realised return of dense
     episodes advanced by the best of k), the regret and the entropy of the act distribution (means over decisions or
-    episodes), and the totals of skipped decisions, env errors, branched decisions and their continuation decisions."""
+    episodes), and the totals of skipped decisions, env errors, branched decisions and their continuation decisions,
+    and of the decisions whose branching failed (``branch/failed``, and by cause ``branch/failed/<cause>``) or hit
+    ``branch_max_rounds`` (``branch/capped``)."""
     keys = [f"env/{e}/{m}" for e in env_names for m in ("return", "return_best_of_k", "regret", "entropy")]
     sums = {k: (sum(stats.get(k, [])), len(stats.get(k, []))) for k in keys}
-    for total in ("skipped_decisions", "env_errors", "branch/decisions", "branch/continuation_decisions"):
+    totals = ["skipped_decisions", "env_errors", "branch/decisions", "branch/continuation_decisions"]
+    totals += ["branch/failed", *(f"branch/failed/{cause}" for cause in FAILURE_CAUSES), "branch/capped"]
+    for total in totals:
         sums[total] = (sum(stats.get(total, [])), 1.0)
     return sums
 

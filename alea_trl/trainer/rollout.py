@@ -37,7 +37,7 @@ import torch
 
 from .advantages import env_batch_std, group_advantages, outcome_advantage
 from .all_actions import all_action_advantages
-from .branching import branch_values
+from .branching import BranchFallbacks, branch_values
 from .entropy import act_entropy
 from .loss_inputs import DecisionRow
 from .observation import Observer, Wave
@@ -74,7 +74,8 @@ class Rollout:
         self.step = 0  # the optimizer step (set by the trainer): rows record when their actions were sampled
         # the current policy's act logits (no gradient) for branch continuations; set by the trainer
         self.continuation_logits: Callable | None = None
-        self.not_copyable: set[str] = set()  # envs whose deep copy failed: valued by reward-to-go
+        # the decisions whose branching failed or was capped, counted by cause (and envs that cannot be copied)
+        self.branch_fallbacks = BranchFallbacks(args.on_env_error)
 
     # ------------------------------------------------------------------------------------------------- collection
     def collect(self, n_rows: int, logits_fn: Callable) -> list[DecisionRow]:
@@ -232,14 +233,17 @@ class Rollout:
             self.generator,
             self.args.temperature,
             self.args.branch_limit,
-            self.not_copyable,
+            self.branch_fallbacks,
             filters=self.filters,
             reward_weight=self.reward_weight,
+            max_rounds=self.args.branch_max_rounds,
         )
         for i, v in zip(outcome, values):
             out[i] = v
         self.stats["branch/decisions"].append(float(sum(v is not None for v in values)))
         self.stats["branch/continuation_decisions"].append(float(answered))
+        for key, n in self.branch_fallbacks.pop_counts().items():
+            self.stats[key].append(n)
         return out
 
     @staticmethod

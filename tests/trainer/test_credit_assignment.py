@@ -13,7 +13,7 @@ from alea_trl.collate import collate_segments
 from alea_trl.envs import AleaEnv
 from alea_trl.envs.nim import NimEnv, legal_moves, opponent_move_probs
 from alea_trl.questions import Decision, Question
-from alea_trl.trainer.branching import branch_values
+from alea_trl.trainer.branching import BranchFallbacks, branch_values
 from alea_trl.trainer.forward import act_rows
 from alea_trl.trainer.pool import Episode, EpisodePool
 from alea_trl.trainer.rollout import Rollout
@@ -160,7 +160,7 @@ def _nim_branch_values(rollout, piles, n_decisions):
     n = sum(piles)
     values, answered = branch_values(
         episodes, [list(range(n))] * n_decisions, rollout.observer, _uniform_legal, torch.Generator().manual_seed(0),
-        temperature=1.0, limit=n_decisions, not_copyable=set(),
+        temperature=1.0, limit=n_decisions, fallbacks=BranchFallbacks(),
     )  # fmt: skip
     assert all(v is not None for v in values)
     return np.array(values), answered
