@@ -36,7 +36,10 @@ class AleaEnv:
         - ``observe() -> Decision``: the current decision point; the same until ``step`` is called.
         - ``oracle_targets() -> dict[qid, target]``: exact answers to the report questions of ``observe()``.
         - ``action_rewards() -> list[float] | None``: dense envs: the exact expected reward of every legal action,
-          given everything the state text says; outcome envs: ``None``.
+          given everything the state text says; outcome envs: ``None``. By default the reward of this step alone;
+          an env whose values are returns-to-go (this step's reward and every later one's, e.g. ``Q*(s, a)``) sets
+          ``action_rewards_to_go = True``, so that a trainer does not add them up along an episode as if each were
+          one step's (a user env without the attribute is taken as ``False``).
         - ``step(action) -> (reward, done)``: apply the action (an index into the act options).
         - ``oracle_action() -> int``: the best known action (exact for dense envs, Bayes-optimal or game-theoretic
           for outcome envs).
@@ -44,6 +47,7 @@ class AleaEnv:
 
     name: str = "env"
     dense: bool = False
+    action_rewards_to_go: bool = False  # action_rewards() are returns-to-go (True) or this step's rewards (False)
 
     def __init__(self):
         self.rng: np.random.Generator | None = None

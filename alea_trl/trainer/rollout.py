@@ -195,7 +195,7 @@ class Rollout:
             made = (self.env_index[ep.env_name], wave.packed[i], wave.targets[i])
             if dense[i]:
                 self.stats[f"env/{ep.env_name}/regret"].append(reg[i])
-                ep.policy_ret += float(expected[i])
+                ep.policy_ret += float(expected[i])  # a return only when the env's action_rewards are step rewards
                 row = DecisionRow(*made, act[i], [], logp_act[i], ref_logp)
                 if every is not None:
                     row.action_advantages, row.old_logps_all = (
@@ -297,11 +297,15 @@ class Rollout:
 
         ``env/<name>/return`` is the return of the sampled policy: the realised return, except for dense episodes
         advanced by the best of k samples, whose realised return (logged as ``return_best_of_k``) is not the policy's;
-        for those it is the sum over the episode's decisions of the policy's expected reward at the states met."""
+        for those it is the sum over the episode's decisions of the policy's expected reward at the states met. That
+        sum is a return only when each decision's ``action_rewards`` are that step's rewards: an env whose values are
+        returns-to-go (``action_rewards_to_go``, e.g. the Gymnasium adapter's ``Q*``) logs its realised return as
+        ``return`` (under best of k, the return of the episode as it was advanced, also ``return_best_of_k``)."""
         pending, name, rewards, dense, policy_ret = ep.pending, ep.env_name, ep.rewards, ep.env.dense, ep.policy_ret
+        values_to_go = bool(getattr(ep.env, "action_rewards_to_go", False))
         ret = self.pool.finish(ep)
         if dense and self.args.dense_advance == "best_of_k":
-            self.stats[f"env/{name}/return"].append(policy_ret)
+            self.stats[f"env/{name}/return"].append(ret if values_to_go else policy_ret)
             self.stats[f"env/{name}/return_best_of_k"].append(ret)
         else:
             self.stats[f"env/{name}/return"].append(ret)

@@ -241,6 +241,20 @@ def test_bad_arguments_raise_naming_the_field(kwargs, field):
         make_env("gym-frozenlake-4x4", **kwargs)
 
 
+@pytest.mark.parametrize("env", ["CartPole-v1", "FrozenLake-v1"])
+def test_a_discount_is_refused_in_outcome_mode_where_no_return_would_apply_it(env):
+    """Outcome mode has no oracle to discount, and its returns are summed undiscounted by training and evaluation: a
+    discount below 1 would only change the state text ("Rewards are discounted by 0.5 a step"), so it is refused."""
+    with pytest.raises(ValueError, match=rf"env 'gym-{env}': field 'discount': 0\.5 .* outcome mode"):
+        GymnasiumEnv(env, action_names=["l", "r", "d", "u"][: 2 if env.startswith("Cart") else 4], model=False,
+                     discount=0.5)  # fmt: skip
+    with pytest.raises(ValueError, match="field 'discount'"):
+        GymnasiumEnv("CartPole-v1", discount=0.5)  # no model at all: outcome mode
+    undiscounted = GymnasiumEnv(env, model=False, discount=1.0).reset(np.random.default_rng(0))
+    assert not undiscounted.dense and "discounted" not in undiscounted.observe().state
+    assert GymnasiumEnv("FrozenLake-v1", discount=0.5).dense  # with a model the discount is the oracle's
+
+
 def test_refusals():
     with pytest.raises(ValueError, match="'fickle_passenger'"):
         make_env("gym-taxi", fickle_passenger=True)

@@ -12,7 +12,8 @@ Design decisions:
    probability that optimal play reaches the goal (noul) and the expected steps left (regress). Without a model the
    env runs in outcome mode: only the episode return is revealed.
 3. The horizon is the env's time limit (``TimeLimit``) unless given; the oracle depends on the steps left, so the state
-   text states them (and the discount when it is not 1). A horizon above the env's own time limit is refused.
+   text states them (and the discount when it is not 1). A horizon above the env's own time limit is refused. The
+   discount is the oracle's: outcome mode (no oracle) refuses one below 1 rather than print it and sum undiscounted.
 4. The state text comes from ``render(obs, env)``: a user function, or the built-in rendering of the Gymnasium class
    (``renderings.TOY_TEXT``); action names from ``action_names``, the built-in table, or ``action 0``, ``action 1``.
 5. Solved models are cached per Gymnasium id and settings, so the many copies of an env in an episode pool solve once.
@@ -70,7 +71,8 @@ class GymnasiumEnv(AleaEnv):
         - ``steps_left`` (regress, with a model): the expected steps left under optimal play, this one included.
 
     Rewards:
-        The env's own; with a model ``action_rewards()`` is ``Q*(s, .)``.
+        The env's own; with a model ``action_rewards()`` is ``Q*(s, .)``, a return-to-go
+        (``action_rewards_to_go = True``): a trainer logs the episode's realised return, not a sum of them.
 
     Episode end:
         When the env terminates or truncates, or after ``horizon`` steps.
@@ -93,11 +95,16 @@ class GymnasiumEnv(AleaEnv):
         goal (`Callable`, *optional*): ``goal(next_state, reward, terminated) -> bool`` marks the model outcomes that
             reach the goal (built in for the toy-text envs); without one no goal question is asked.
         goal_question (`str`, *optional*): the goal question's text.
-        discount (`float`, defaults to 1.0): discount of the oracle's values, in (0, 1], at most 4 decimals.
+        discount (`float`, defaults to 1.0): discount of the oracle's values (``Q*``), in (0, 1], at most 4
+            decimals. Only with a model: an outcome-mode env refuses a discount below 1, since its returns are summed
+            undiscounted by training and evaluation alike (the episode return is the one objective of every outcome
+            env) and the discount would only change the text.
         horizon (`int`, *optional*): steps per episode; default the env's time limit.
         gym_kwargs (`dict`, *optional*): keyword arguments of ``gymnasium.make`` when ``env`` is an id.
         oracle_policy (`Callable`, *optional*): outcome mode: ``oracle_policy(env) -> int``, the best known policy.
     """
+
+    action_rewards_to_go = True  # Q*(s, a): this step's reward and every later one's under optimal play
 
     def __init__(
         self,
@@ -159,6 +166,13 @@ class GymnasiumEnv(AleaEnv):
         self.oracle_policy = oracle_policy
         self.model, self.solution = self._solve(model, spec, goal, gym_id, gym_kwargs)
         self.dense = self.solution is not None
+        if not self.dense and self.discount != 1.0:
+            raise ValueError(
+                f"env {self.name!r}: field 'discount': {discount!r} discounts the model's oracle values, and this env "
+                "runs in outcome mode (no model): it would only change the state text, since training (branch "
+                "values, reward-to-go, episode returns) and evaluation sum its rewards undiscounted, as for every "
+                "outcome env; pass discount=1.0, or a model"
+            )
         self.t, self.obs = 0, None
 
     def _solve(self, model, spec, goal, gym_id, gym_kwargs):
