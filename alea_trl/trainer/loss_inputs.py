@@ -43,6 +43,8 @@ class DecisionRow:
     # dense_update="all_actions": every legal action's advantage and behaviour log-prob (None otherwise)
     action_advantages: list[float] | None = None
     old_logps_all: list[float] | None = None
+    # dense_update="all_actions": every legal action's expected reward, the value its advantage came from (logged)
+    action_values: list[float] | None = None
 
 
 def rows_to_inputs(
@@ -66,7 +68,8 @@ def rows_to_inputs(
         ``outcome_rows`` (rows of outcome envs), ``sampled_at_step`` `(N,)`; ``ref_logps`` `(N, A)` (the reference's
         log-probs over each row's legal actions, zero-padded; zero for rows without them); ``all_actions_rows``
         `(N,)` (rows whose act trains by every legal action, ``dense_update="all_actions"``) with their
-        ``action_advantages`` and ``old_logps_all`` `(N, A)` (zero-padded); ``packed`` and ``targets`` (lists).
+        ``action_advantages``, ``old_logps_all`` and ``action_values`` `(N, A)` (zero-padded; the values are logged,
+        not trained on); ``packed`` and ``targets`` (lists).
     """
     n = len(rows)
     trains_action = [True] * n if trains_action is None else trains_action
@@ -96,11 +99,13 @@ def rows_to_inputs(
             ref[i, : r.shape[0]] = r
     all_rows = [use and row.action_advantages is not None for row, use in zip(rows, trains_action)]
     width = max((len(row.action_advantages) for row, use in zip(rows, all_rows) if use), default=0)
-    action_adv, old_all = torch.zeros(n, width), torch.zeros(n, width)
+    action_adv, old_all, action_values = torch.zeros(n, width), torch.zeros(n, width), torch.zeros(n, width)
     for i, row in enumerate(rows):
         if all_rows[i]:
             action_adv[i, : len(row.action_advantages)] = torch.tensor(row.action_advantages, dtype=torch.float32)
             old_all[i, : len(row.old_logps_all)] = torch.tensor(row.old_logps_all, dtype=torch.float32)
+            if row.action_values is not None:  # rows of older checkpoints have none
+                action_values[i, : len(row.action_values)] = torch.tensor(row.action_values, dtype=torch.float32)
     return {
         "actions": actions,
         "sample_mask": mask,
@@ -115,6 +120,7 @@ def rows_to_inputs(
         "all_actions_rows": torch.tensor(all_rows, dtype=torch.bool),
         "action_advantages": action_adv,
         "old_logps_all": old_all,
+        "action_values": action_values,
         "packed": [row.packed for row in rows],
         "targets": [row.targets if use else {} for row, use in zip(rows, trains_kl_and_reports)],
     }

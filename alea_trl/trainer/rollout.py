@@ -202,6 +202,7 @@ class Rollout:
                         every[i][: n_legal[i]],
                         logp_all[i, : n_legal[i]].tolist(),
                     )
+                    row.action_values = rewards[i, : n_legal[i]].tolist()
                 step = step_a[i]
             elif branched[i] is not None:  # valued now: k actions, the episode goes on with the first
                 row = DecisionRow(*made, act[i], [], logp_act[i], ref_logp, outcome=True, step=self.step)

@@ -375,11 +375,16 @@ def test_log_completions_writes_trls_table_of_sampled_actions(
     assert (table["step"] == 1).all() and set(table["completion"]) <= set(COLOURS)
     assert all(p.startswith(f"{e}: The winning colour is") for p, e in zip(table["prompt"], table["env"]))
     dense = table[table["env"] == "named_best"]
-    assert len(dense) > 0 and len(dense) % args.num_generations == 0  # k actions per dense decision
-    # a dense action's reward is its exact expected reward: 1 for the colour the state names
-    assert all(
-        (r == 1.0) == (f"is {c}." in p) for r, c, p in zip(dense["reward"], dense["completion"], dense["prompt"])
-    )
+    # the default all-actions update trains each of a dense decision's 4 legal actions once: those are logged
+    assert len(dense) > 0 and len(dense) % 4 == 0
+    for start in range(0, len(dense), 4):
+        decision = dense.iloc[start : start + 4]
+        assert decision["prompt"].nunique() == 1 and decision["completion"].nunique() == 4
+    # a dense action's reward is its exact expected reward (1 for the colour the state names), and only that
+    # action is better than the policy's average
+    best = [f"is {c}." in p for c, p in zip(dense["completion"], dense["prompt"])]
+    assert all((r == 1.0) == b for r, b in zip(dense["reward"], best))
+    assert all((a > 0) == b for a, b in zip(dense["advantage"], best))
 
 
 # ----------------------------------------------------------------------------------------------- reward_weights
