@@ -89,7 +89,8 @@ class AleaEnvGRPOConfig(GRPOConfig):
             How a dense episode advances: by the best of its k sampled actions (`"best_of_k"`, as in the seed) or by
             the first sample (`"sample"`, on-policy). With `"best_of_k"` the episode visits the states the best of k
             reaches, and every decision trains on those states; `env/<name>/return` then logs the policy's expected
-            return at them and `env/<name>/return_best_of_k` the realised return.
+            return at them and `env/<name>/return_best_of_k` the realised return (an env whose `action_rewards` are
+            returns-to-go, `action_rewards_to_go` as the Gymnasium adapter's Q*, logs its realised return as both).
         dense_update (`str`, *optional*, defaults to `"all_actions"`):
             What trains a dense decision's act: every legal action with its exact advantage `(Q(a) - V) / scale`
             (`"all_actions"`, see `alea_trl.trainer.all_actions`), or its k sampled actions with their group
@@ -130,7 +131,9 @@ class AleaEnvGRPOConfig(GRPOConfig):
             `scale_rewards`, the std) of this many most recent ones of that env.
         on_env_error (`str`, *optional*, defaults to `"raise"`):
             What a malformed decision, target or reward does: `"raise"` a `ValueError` naming the env, the question
-            and the field, or `"skip"`: reset that episode and count it in `skipped_decisions`.
+            and the field, or `"skip"`: reset that episode and count it in `skipped_decisions`. The same holds in the
+            env copies of `outcome_advantage="branch"`: `"raise"` raises, `"skip"` values that decision by
+            reward-to-go and counts it in `branch/failed/<cause>`.
         eval_episodes (`int`, *optional*, defaults to `32`):
             Episodes per env played greedily by `evaluate()`.
 
