@@ -19,7 +19,7 @@ from .config_checks import (
 
 TRAIN_MODES = ("heads", "tail", "full", "lora")
 DENSE_ADVANCE = ("best_of_k", "sample")
-DENSE_UPDATES = ("sampled", "all_actions")
+DENSE_UPDATES = ("sampled", "all_actions", "mirror")
 ENV_ERROR_MODES = ("raise", "skip")
 OUTCOME_ADVANTAGES = ("rtg", "branch", "episode")
 
@@ -98,6 +98,11 @@ class AleaEnvGRPOConfig(GRPOConfig):
             expected reward `V` gets a log-probability step that does not shrink with its probability, a worse one the
             exact expected gradient. The sampled update shrinks with the best action's probability, so a state whose
             best action became improbable may never sample it again; under `"all_actions"` it keeps a full step.
+            `"mirror"` (see `alea_trl.trainer.mirror_update`) trains every legal action toward the mirror-descent
+            target of GRPO's own objective `E[Q] / scale - beta KL(pi || pi_ref)` over the legal actions: every step
+            ascends it, its fixed point is `pi*(a) ~ pi_ref(a) exp(Q(a) / (scale beta))` (greedy at `beta = 0`), its
+            size does not grow with the number of legal actions and its loss is bounded; the KL is folded into its
+            steps (no separate KL term for these decisions).
             `loss_type` (other than grpo / bnpo), `top_entropy_quantile` and `off_policy_mask_threshold` act on
             sampled actions and are refused with `"all_actions"`: set `"sampled"` to use them. Outcome decisions
             train by their samples either way.
@@ -219,7 +224,8 @@ class AleaEnvGRPOConfig(GRPOConfig):
     dense_update: str = field(
         default="all_actions",
         metadata={
-            "help": "What trains dense decisions: 'all_actions' (every legal action) or 'sampled' (the k samples)."
+            "help": "What trains dense decisions: 'all_actions' (every legal action), 'mirror' (every legal action, "
+            "toward the mirror-descent target of E[Q] - beta KL) or 'sampled' (the k samples)."
         },
     )
     outcome_advantage: str = field(

@@ -224,7 +224,7 @@ def check_resolved_fields(config) -> None:
     for name, ok, what in checks:
         if not ok:
             _fail(name, f"must be {what}, got {getattr(config, name)!r}", "set a valid value")
-    if config.dense_update == "all_actions":
+    if config.dense_update in ("all_actions", "mirror"):
         for name, off in (
             ("loss_type", config.loss_type in ("grpo", "bnpo")),
             ("top_entropy_quantile", config.top_entropy_quantile == 1.0),
@@ -233,7 +233,8 @@ def check_resolved_fields(config) -> None:
             if not off:
                 _fail(
                     name,
-                    f"{getattr(config, name)!r} acts on sampled actions, and dense_update='all_actions' trains every "
+                    f"{getattr(config, name)!r} acts on sampled actions, and dense_update={config.dense_update!r} "
+                    "trains every "
                     "legal action of a dense decision (one term per decision)",
                     "set dense_update='sampled' to use it, or leave this field at its default",
                 )

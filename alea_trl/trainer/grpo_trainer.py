@@ -312,6 +312,7 @@ class AleaEnvGRPOTrainer(
             objective=self._objective,
             entropy_coef=self._entropy_coef_now(),
             collectives=self._collectives,
+            dense_update=self.args.dense_update,
         )
         self._track_entropy(terms.entropy_bonus, mode)
         # KL metrics count the rows whose KL trained here (host tensors: no device sync)

@@ -315,16 +315,19 @@ Framework versions:
 def _update_sentence(args, outcome) -> str:
     """What the policy gradient trains on, dense and outcome decisions, with k where a group of k samples is used."""
     value = OUTCOME_VALUES.get(outcome, outcome)
-    if getattr(args, "dense_update", "all_actions") != "all_actions":
+    update = getattr(args, "dense_update", "all_actions")
+    if update == "sampled":
         return (
             f"dense decisions are GRPO groups of {_group_sizes(args)} actions scored by their exact expected rewards, "
             f"outcome decisions are valued by {value}"
         )
     groups = f"are GRPO groups of {_group_sizes(args)} actions " if outcome == "branch" else "are "
-    return (
-        'dense decisions train on every legal action\'s exact expected reward (`dense_update="all_actions"`), '
-        f"outcome decisions {groups}valued by {value}"
+    how = (
+        "toward the mirror-descent target of E[Q] - beta KL"
+        if update == "mirror"
+        else "on every legal action's exact expected reward"
     )
+    return f'dense decisions train {how} (`dense_update="{update}"`), outcome decisions {groups}valued by {value}'
 
 
 def _group_sizes(args) -> str:

@@ -36,10 +36,11 @@ import numpy as np
 import torch
 
 from .advantages import env_batch_std, group_advantages, outcome_advantage
-from .all_actions import all_action_advantages
+from .all_actions import all_action_advantages, reward_scale
 from .branching import BranchFallbacks, branch_values
 from .entropy import act_entropy
 from .loss_inputs import DecisionRow
+from .mirror_update import mirror_steps
 from .observation import Observer, Wave
 from .pool import Episode, EpisodePool
 from .sampling import host_log_probs, no_logits, sampling_probs
@@ -179,10 +180,13 @@ class Rollout:
         else:
             dense_step = actions[:, 0]
         n_legal = legal.sum(-1).tolist()
-        every = None  # dense_update="all_actions": each dense decision's legal actions' advantages
+        every = None  # all_actions: each dense decision's legal actions' advantages; mirror: their log-prob steps
+        env_ids = torch.tensor([self.env_index[ep.env_name] for ep in wave.episodes])
         if args.dense_update == "all_actions":
-            env_ids = torch.tensor([self.env_index[ep.env_name] for ep in wave.episodes])
             every = all_action_advantages(rewards, legal, logp_all, args.scale_rewards, env_ids).tolist()
+        elif args.dense_update == "mirror":
+            scale = reward_scale(rewards, legal, args.scale_rewards, env_ids)  # (N, 1)
+            every = mirror_steps(rewards, legal, logp_all, scale, args.beta, ref_all).tolist()
         h, reg, step_a = entropy.tolist(), regret.tolist(), dense_step.tolist()
         act = [a[:w] for a, w in zip(actions.tolist(), width)]
         logp_act = [lp[:w] for lp, w in zip(logp_all.gather(1, actions).tolist(), width)]

@@ -3,11 +3,20 @@ legal actions: checked on tabular logits (one logit per action, the act head's l
 closed forms."""
 
 import math
+from types import SimpleNamespace
+from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 
+from alea_trl import AleaEnvGRPOTrainer
+from alea_trl.trainer import grpo_trainer
 from alea_trl.trainer.mirror_update import mirror_loss, mirror_steps
+from alea_trl.trainer.model_card import _update_sentence
+
+from .conftest import TOY_FACTORIES
+from .test_trainer import _expected_reward
 
 
 def _objective(z, q, beta, ref_logp, scale):
@@ -119,3 +128,35 @@ def test_the_loss_is_zero_at_its_target_and_illegal_actions_take_no_part():
     assert loss.item() < 1e-10
     with pytest.raises(ValueError, match="ref_logp"):
         mirror_steps(q, legal, old, torch.ones(1, 1), beta=0.1)
+
+
+def test_the_trainer_learns_a_dense_env_with_it_and_folds_the_kl_in(tiny_model, tokenizer, make_args):
+    """NamedBestEnv (reward 1 for the option the state names, of 4): the mirror update takes the expected reward from
+    chance to >= 0.9; its dense rows carry centred steps and take no separate KL term."""
+    seen = []
+    real = grpo_trainer.grpo_loss
+
+    def spy(output, batch, inputs, **kwargs):
+        seen.append((inputs["all_actions_rows"].clone(), inputs["action_advantages"].clone(), kwargs["dense_update"]))
+        return real(output, batch, inputs, **kwargs)
+
+    model = tiny_model()
+    start = _expected_reward(model, tokenizer)
+    args = make_args(
+        envs=["named_best"],
+        max_steps=60,
+        eps_per_env=16,
+        max_batch=16,
+        per_device_train_batch_size=16,
+        num_generations=8,
+        beta=0.01,  # the reference term is folded into the steps
+        dense_update="mirror",
+    )
+    with mock.patch.object(grpo_trainer, "grpo_loss", spy):
+        AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES).train()
+    assert start < 0.35 and _expected_reward(model, tokenizer) >= 0.9
+    assert np.isfinite(start)
+    rows, steps, update = seen[0]
+    assert update == "mirror" and bool(rows.all())
+    assert torch.allclose(steps[rows].sum(-1), torch.zeros(int(rows.sum())), atol=1e-5)  # centred over 4 options
+    assert "toward the mirror-descent target" in _update_sentence(SimpleNamespace(dense_update="mirror"), "rtg")
