@@ -24,7 +24,7 @@ from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer
 from alea_trl.evaluation import format_table
 from alea_trl.loading import load_model, model_init_kwargs_from, resolve_gguf
 from alea_trl.models import MODELS, FetchError, fetch
-from alea_trl.trainer.distributed import end_distributed
+from alea_trl.trainer.distributed import describe_engine, end_distributed
 from alea_trl.trainer.hub import HubPushError
 from alea_trl.trainer.model_setup import extra_switches
 
@@ -75,6 +75,8 @@ def main(script_args: ScriptArguments, training_args: AleaEnvGRPOConfig, model_a
         training_args.train_mode = "lora"
     trainer = AleaEnvGRPOTrainer(model, args=training_args, processing_class=tokenizer, peft_config=peft_config)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    if trainer.accelerator.is_main_process:
+        print(f"trained under {describe_engine(trainer)}")
 
     table = {}
     if script_args.final_eval_episodes > 0:
@@ -98,7 +100,11 @@ def make_parser() -> TrlParser:
 
 if __name__ == "__main__":
     try:
-        main(*make_parser().parse_args_and_config())
+        parsed = make_parser().parse_args_and_config()
+    except ValueError as err:  # a refused setting: the config's message names the field and the fix
+        sys.exit(f"rl_env.py: {err}")
+    try:
+        main(*parsed)
     except (HubPushError, FetchError) as err:  # one message: what failed and why (for a push, what was saved where)
         sys.exit(f"rl_env.py: {err}")
     end_distributed()  # after main's trainer is gone (see alea_trl/trainer/distributed.py)

@@ -142,3 +142,16 @@ def test_rl_env_recipe_under_two_cpu_processes(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     assert "norm.score" in result.stdout and result.stdout.count("norm.score") == 1  # the table, printed once
     assert (tmp_path / "ddp" / "model.safetensors").exists()
+
+
+def test_a_deepspeed_launch_without_a_cpu_backend_is_refused_in_one_line(tmp_path):
+    """What `accelerate launch --config_file accelerate_configs/deepspeed_zero2.yaml` exports to each of two
+    processes on a machine without an accelerator, without --ddp_backend gloo: one line naming the flag, before any
+    model is built (DeepSpeed's own batch check would fail later, deep in the run, without naming it)."""
+    env = {**os.environ, "ACCELERATE_USE_DEEPSPEED": "true", "WORLD_SIZE": "2"}
+    cmd = [sys.executable, "recipes/rl_env.py", "--config", str(QUICKSTART), "--use_cpu", "false"]
+    result = subprocess.run(cmd + ["--output_dir", str(tmp_path)], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("rl_env.py: AleaEnvGRPOConfig: field 'ddp_backend'") and "--ddp_backend gloo" in last
+    assert "Traceback" not in result.stderr and not any(tmp_path.iterdir())
