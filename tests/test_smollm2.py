@@ -231,7 +231,11 @@ def test_the_recipe_trains_two_steps_and_saves_the_pretrained_llama(smollm2, tmp
     assert len(AutoTokenizer.from_pretrained(out)) == 49152
     loaded = AleaModel.from_pretrained(out)
     pretrained = AleaModel.from_backbone(smollm2, backbone_kwargs={"num_hidden_layers": layers})
-    # the embeddings never train: the saved backbone is the pretrained one's
-    torch.testing.assert_close(
-        loaded.backbone.embed_tokens.weight, pretrained.backbone.embed_tokens.weight, atol=0, rtol=0
-    )
+    # two steps move the pretrained weights a little (the recipe trains them all); weights built anew would be far off
+    for name in (
+        "embed_tokens.weight",
+        "layers.0.self_attn.q_proj.weight",
+        f"layers.{layers - 1}.mlp.down_proj.weight",
+    ):
+        saved, start = loaded.backbone.get_parameter(name), pretrained.backbone.get_parameter(name)
+        assert float((saved - start).norm() / start.norm()) < 0.05, name
