@@ -18,7 +18,7 @@ from torch import nn
 from transformers import AutoTokenizer
 
 from ..configuration_alea import EXTRA_EMBEDDINGS
-from ..loading import check_extras, check_model_path, hub_kwargs, is_adapter_folder, load_model
+from ..loading import check_extras, check_model_path, hub_kwargs, is_adapter_folder, load_model, resolve_gguf
 from ..modeling_alea import AleaModel
 
 
@@ -53,7 +53,7 @@ def resolve_tokenizer(model: AleaModel, processing_class, args, model_arg):
         return processing_class
     from_path = isinstance(model_arg, str)
     source = (
-        (model_arg if from_path else None)
+        (resolve_gguf(model_arg) if from_path else None)  # a .gguf file's tokenizer is in its cached checkpoint
         or model.config._name_or_path
         or model.config.backbone_name_or_path
         or model.config.get_text_config()._name_or_path
