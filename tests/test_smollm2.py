@@ -229,6 +229,9 @@ def test_the_recipe_trains_two_steps_and_saves_the_pretrained_llama(smollm2, tmp
     assert (text["num_hidden_layers"], text["hidden_size"], text["vocab_size"]) == (layers, 576, 49152)
     assert config["backbone_name_or_path"] == smollm2
     assert len(AutoTokenizer.from_pretrained(out)) == 49152
+    card = (out / "README.md").read_text()  # the model card states the architecture it trained
+    assert f"a llama decoder, {layers} layers (the first {layers} of the pretrained model's 30)" in card
+    assert "hidden size 576, vocabulary 49,152" in card
     loaded = AleaModel.from_pretrained(out)
     pretrained = AleaModel.from_backbone(smollm2, backbone_kwargs={"num_hidden_layers": layers})
     # two steps move the pretrained weights a little (the recipe trains them all); weights built anew would be far off

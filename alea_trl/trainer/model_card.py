@@ -73,22 +73,44 @@ def _link(name: str) -> str:
 
 
 def describe_base(config) -> tuple[str | None, str]:
-    """``(Hub id for the base_model metadata or None, sentence)`` from an ``AleaConfig`` of the trained model."""
+    """``(Hub id for the base_model metadata or None, sentences)`` from an ``AleaConfig`` of the trained model: where
+    it started, and the backbone's architecture."""
     start, backbone = config._name_or_path, config.backbone_name_or_path
     text_config = config.get_text_config()
+    shape = describe_backbone(text_config, backbone)
     if start:
         lineage = f" (its backbone: {_link(backbone)})" if backbone and backbone != start else ""
-        return (start if is_hub_id(start) else None), f"It was fine-tuned from the Alea model {_link(start)}{lineage}."
+        return (start if is_hub_id(start) else None), (
+            f"It was fine-tuned from the Alea model {_link(start)}{lineage}. {shape}"
+        )
     if backbone:
         sentence = (
-            f"It was fine-tuned from {_link(backbone)}: that decoder, with new answer heads on its hidden states."
+            f"It was fine-tuned from {_link(backbone)}: that decoder, with new answer heads on its hidden states. "
+            f"{shape}"
         )
         return (backbone if is_hub_id(backbone) else None), sentence
     built = f" built from the config of {_link(text_config._name_or_path)}" if text_config._name_or_path else ""
     return (
         None,
-        f"It was trained from scratch: a {text_config.model_type} decoder{built} with random weights, plus heads.",
+        f"It was trained from scratch: a {text_config.model_type} decoder{built} with random weights, plus heads. "
+        f"{shape}",
     )
+
+
+def describe_backbone(text_config, backbone: str | None = None) -> str:
+    """The backbone's architecture in one sentence; when it kept only the first layers of a local pretrained
+    decoder (``num_hidden_layers`` given at load), how many of how many."""
+    layers = getattr(text_config, "num_hidden_layers", None)
+    of = ""
+    if backbone and os.path.isfile(os.path.join(backbone, "config.json")):
+        with open(os.path.join(backbone, "config.json")) as f:
+            full = json.load(f).get("num_hidden_layers")
+        if layers is not None and full is not None and full != layers:
+            of = f" (the first {layers} of the pretrained model's {full})"
+    parts = [f"{layers} layers{of}" if layers is not None else None]
+    parts += [f"{name} {getattr(text_config, key):,}" for key, name in (("hidden_size", "hidden size"), ("vocab_size",
+              "vocabulary")) if getattr(text_config, key, None) is not None]  # fmt: skip
+    return f"Backbone: a {text_config.model_type} decoder, " + ", ".join(p for p in parts if p) + "."
 
 
 def _env_kwargs(factory) -> dict:
