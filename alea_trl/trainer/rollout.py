@@ -181,7 +181,8 @@ class Rollout:
             dense_step = actions[:, 0]
         n_legal = legal.sum(-1).tolist()
         every = None  # all_actions: each dense decision's legal actions' advantages; mirror: their log-prob steps
-        env_ids = torch.tensor([self.env_index[ep.env_name] for ep in wave.episodes])
+        if args.dense_update != "sampled":
+            env_ids = torch.tensor([self.env_index[ep.env_name] for ep in wave.episodes])
         if args.dense_update == "all_actions":
             every = all_action_advantages(rewards, legal, logp_all, args.scale_rewards, env_ids).tolist()
         elif args.dense_update == "mirror":

@@ -131,8 +131,10 @@ def test_every_dense_row_trains_by_all_its_actions(tiny_model, tokenizer, make_a
     assert "every legal action's exact expected reward" in text and "dense decisions are GRPO groups" not in text
 
 
-@pytest.mark.parametrize("scale_rewards", ["group", "none"])
-def test_learns_dense_env_with_all_actions(tiny_model, tokenizer, make_args, scale_rewards):
+@pytest.mark.parametrize(
+    "dense_update, scale_rewards", [("all_actions", "group"), ("all_actions", "none"), ("mirror", "group")]
+)
+def test_learns_dense_env_by_every_legal_action(tiny_model, tokenizer, make_args, dense_update, scale_rewards):
     model = tiny_model()
     start = _expected_reward(model, tokenizer)
     args = make_args(
@@ -143,7 +145,7 @@ def test_learns_dense_env_with_all_actions(tiny_model, tokenizer, make_args, sca
         per_device_train_batch_size=16,
         num_generations=8,
         beta=0.0,
-        dense_update="all_actions",
+        dense_update=dense_update,
         scale_rewards=scale_rewards,
     )
     AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES).train()
