@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from .all_actions import _fit
+
 
 def mirror_steps(
     rewards: torch.Tensor,
@@ -70,8 +72,8 @@ def mirror_loss(
 
     Args:
         logp_all (`torch.Tensor` of shape `(N, A)`): current log-probs (with autograd).
-        old_logp_all, steps (`torch.Tensor` of shape `(N, A)`): behaviour log-probs and the steps of
-            :func:`mirror_steps`.
+        old_logp_all, steps (`torch.Tensor` of shape `(N, A')`): behaviour log-probs and the steps of
+            :func:`mirror_steps`, zero-padded (``A'`` may differ from ``A``: the widest row of another batch).
         legal (`torch.Tensor` of shape `(N, A)`): which actions are legal.
         rows (`torch.Tensor` of shape `(N,)`): the decisions trained by this update.
 
@@ -79,6 +81,8 @@ def mirror_loss(
         `(torch.Tensor, torch.Tensor)`: the loss (a scalar) and the sum over the decisions of the exact
         KL(behaviour || current) (no gradient).
     """
+    width = logp_all.shape[-1]
+    old_logp_all, steps = _fit(old_logp_all, width), _fit(steps, width)
     terms = legal & rows[:, None]
     n_legal = legal.sum(-1, keepdim=True).clamp(min=1)
     moved = (logp_all - old_logp_all.float()).masked_fill(~legal, 0.0)  # (N, A)

@@ -147,3 +147,29 @@ def test_the_trainer_trains_dense_rows_by_their_steps_and_names_the_update(tiny_
     assert steps[rows].abs().sum() > 0  # NamedBest: one option of 4 is worth 1, the others 0
     assert torch.allclose(steps[rows].sum(-1), torch.zeros(int(rows.sum())), atol=1e-5)  # centred over 4 options
     assert "toward the mirror-descent target" in _update_sentence(SimpleNamespace(dense_update="mirror"), "rtg")
+
+
+def test_steps_narrower_than_the_batch_are_zero_padded():
+    """A forward's act width is its widest decision's (a replayed outcome row may have more options than any dense
+    row); the steps and behaviour log-probs of the dense rows are zero-padded to it."""
+    legal = torch.tensor([[True, True, True, False, False], [True, True, True, True, True]])
+    logp = torch.log_softmax(torch.randn(2, 5).masked_fill(~legal, -1e9), -1).masked_fill(~legal, 0.0)
+    old = torch.log_softmax(torch.randn(2, 3), -1)
+    steps = mirror_steps(
+        torch.tensor([[0.0, 1.0, 0.5]]), torch.ones(1, 3, dtype=torch.bool), old[:1], torch.ones(1, 1)
+    )
+    steps = torch.cat([steps, torch.zeros(1, 3)])
+    rows = torch.tensor([True, False])
+    narrow, _ = mirror_loss(logp, old, steps, legal, rows)
+    wide, _ = mirror_loss(
+        logp, torch.nn.functional.pad(old, (0, 2)), torch.nn.functional.pad(steps, (0, 2)), legal, rows
+    )
+    assert narrow.item() == pytest.approx(wide.item()) and narrow.item() > 0
+
+
+def test_it_trains_beside_replayed_outcome_decisions(tiny_model, tokenizer, make_args):
+    """Under reward-to-go, nim's decisions (up to 21 options) are replayed in the forwards of kelly's dense ones."""
+    args = make_args(envs=["kelly", "nim"], max_steps=4, beta=0.05, dense_update="mirror", outcome_advantage="rtg")
+    trainer = AleaEnvGRPOTrainer(tiny_model(), args=args, processing_class=tokenizer)
+    trainer.train()
+    assert trainer.state.global_step == 4
