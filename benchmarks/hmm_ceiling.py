@@ -35,10 +35,10 @@ import torch
 from learning_parts.references import EVAL_SEED, SMALL, hmm_reference_policies
 from transformers import AutoTokenizer, TrainerCallback
 
+from alea_trl import AleaSFTConfig, AleaSFTTrainer
 from alea_trl.decision_data import collect_decisions
 from alea_trl.envs.registry import RegisteredEnvFactory
 from alea_trl.evaluation import evaluate_policy
-from alea_trl.trainer.sft_trainer import AleaSFTConfig, AleaSFTTrainer
 
 
 class GreedyCurve(TrainerCallback):

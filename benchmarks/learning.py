@@ -97,10 +97,9 @@ from learning_parts.references import DENSE, ENVS, EVAL_SEED, SCORE_KEY, SMALL
 from learning_parts.report import report
 from transformers import AutoConfig, AutoTokenizer, TrainerCallback
 
-from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
+from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel, end_distributed
 from alea_trl.envs.registry import RegisteredEnvFactory
 from alea_trl.evaluation import evaluation_sums, table_from_means
-from alea_trl.trainer.distributed import end_distributed
 
 
 ROOT = Path(__file__).resolve().parents[1]

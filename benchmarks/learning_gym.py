@@ -22,7 +22,7 @@ against the slipping) and one wrong action at any of states 0, 4, 8 or 14 makes 
 score is all or nothing. An evaluation of a policy that stalls plays 100 decisions per episode: minutes on CPU.
 
 Both envs train with the library's default update, ``--dense_update all_actions`` (every legal action's Q* trains the
-act, see ``alea_trl.trainer.all_actions``): with the sampled update FrozenLake's act collapses to one state-blind action before
+act, see ``alea_trl.trainer.loss.dense``): with the sampled update FrozenLake's act collapses to one state-blind action before
 it reads the position, its best actions' probabilities fall near 0 and the groups of k samples stop containing them,
 so nothing brings them back (``--dense_update sampled`` reproduces it; ``benchmarks/RESULTS.md`` has the per-state
 diagnosis).
@@ -43,7 +43,7 @@ from accelerate import PartialState
 from learning_parts import references
 from learning_parts.report import report
 
-from alea_trl.trainer.distributed import end_distributed
+from alea_trl import end_distributed
 
 
 GYM_ENVS = ["gym-frozenlake-4x4", "gym-blackjack"]

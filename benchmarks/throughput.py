@@ -110,7 +110,7 @@ from throughput_parts.report import final_result, print_notes, print_table, summ
 from throughput_parts.timing import Runner
 from throughput_parts.trl_variant import collect_prompts, trl_body
 
-from alea_trl.trainer.config import DENSE_UPDATES, AleaEnvGRPOConfig
+from alea_trl.trainer import DENSE_UPDATES, AleaEnvGRPOConfig
 
 
 VARIANTS = ("trainer", "unpacked", "trl", "trl_stock")

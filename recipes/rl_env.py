@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 from transformers import AutoTokenizer
 from trl import ModelConfig, TrlParser, get_peft_config
 
-from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer
+from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, HubPushError, describe_engine, end_distributed
 from alea_trl.evaluation import format_table
-from alea_trl.loading import load_model, model_init_kwargs_from, resolve_gguf
+from alea_trl.loading import load_model, model_init_kwargs_from
+from alea_trl.model_files import resolve_gguf
 from alea_trl.models import MODELS, FetchError, fetch
-from alea_trl.trainer.distributed import describe_engine, end_distributed
-from alea_trl.trainer.hub import HubPushError
-from alea_trl.trainer.model_setup import extra_switches
+from alea_trl.trainer import extra_switches
 
 
 @dataclass

@@ -18,14 +18,12 @@ from datasets import load_from_disk
 from transformers import AutoTokenizer
 from trl import ModelConfig, TrlParser
 
+from alea_trl import AleaSFTConfig, AleaSFTTrainer, HubPushError, end_distributed
 from alea_trl.decision_data import collect_decisions
 from alea_trl.envs import BUILTIN_ENVS
 from alea_trl.evaluation import format_table
 from alea_trl.loading import load_model, model_init_kwargs_from
-from alea_trl.trainer.distributed import end_distributed
-from alea_trl.trainer.hub import HubPushError
-from alea_trl.trainer.model_setup import extra_switches
-from alea_trl.trainer.sft_trainer import AleaSFTConfig, AleaSFTTrainer
+from alea_trl.trainer import extra_switches
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The README's custom-env example runs as written, obeys the env contract, and trains."""
+"""The custom-env example of docs/your_environment.md runs as written, obeys the env contract, and trains."""
 
 import re
 from pathlib import Path
@@ -10,18 +10,18 @@ from alea_trl.envs import make_env
 from alea_trl.questions import validate_action_rewards, validate_targets
 
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "your_environment.md"
 
 
 def _custom_env_example() -> str:
-    text = README.read_text()
-    section = text[text.index("## Your own environment") :]
+    text = PAGE.read_text()
+    section = text[text.index("# Your own environment") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 def test_readme_custom_env_example(tiny_model_factory, tokenizer, tmp_path):
     namespace: dict = {}
-    exec(compile(_custom_env_example(), str(README), "exec"), namespace)
+    exec(compile(_custom_env_example(), str(PAGE), "exec"), namespace)
     env = make_env("dice")
     for seed in range(20):
         env.reset(np.random.default_rng(seed))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from .gym_ids import GYM_ENVS
+
 
 _REGISTRY: dict[str, Callable] = {}
 
@@ -63,18 +65,6 @@ def env_factories(envs, env_kwargs: dict | None = None, extra: dict | None = Non
 def list_envs() -> list[str]:
     """Names of the registered environments, sorted."""
     return sorted(_REGISTRY)
-
-
-GYM_ENVS = {
-    "gym-frozenlake-4x4": ("FrozenLake-v1", {"map_name": "4x4"}),
-    "gym-frozenlake-8x8": ("FrozenLake8x8-v1", {}),
-    "gym-taxi": ("Taxi-v4", {}),
-    "gym-cliffwalking": ("CliffWalking-v1", {"max_episode_steps": 100}),
-    "gym-blackjack": ("Blackjack-v1", {}),
-}
-"""The registered Gymnasium envs (optional extra ``gym``): name -> (Gymnasium id, ``gymnasium.make`` defaults).
-CliffWalking has no time limit of its own: 100 steps keep a random policy's episodes finite (the optimal path takes
-13)."""
 
 
 def _gym_env(name: str, **kwargs):

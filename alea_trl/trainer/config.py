@@ -64,8 +64,8 @@ class AleaEnvGRPOConfig(GRPOConfig):
             Live episodes per env on each process.
         sample_in_loss_forward (`bool`, *optional*, defaults to `True`):
             With `num_iterations == 1`, every micro-batch's loss forward also answers its fresh decisions: actions
-            are sampled from its detached act logits and the envs stepped, so each decision costs one forward (as in
-            the seed). An outcome decision then trains its KL and reports when made and its action when its episode
+            are sampled from its detached act logits and the envs stepped, so each decision costs one forward (no
+            separate rollout forward). An outcome decision then trains its KL and reports when made and its action when its episode
             ends (replayed in a later micro-batch). With `num_iterations > 1`, or `False`, generation is a separate
             no-grad forward per wave of `max_batch` decisions.
         pack_rows (`bool`, *optional*, defaults to `True`):
@@ -86,19 +86,19 @@ class AleaEnvGRPOConfig(GRPOConfig):
             Most tokens of one packed decision. Longer decisions reset their episode and are counted in the
             `skipped_decisions` metric; nothing is truncated.
         dense_advance (`str`, *optional*, defaults to `"best_of_k"`):
-            How a dense episode advances: by the best of its k sampled actions (`"best_of_k"`, as in the seed) or by
+            How a dense episode advances: by the best of its k sampled actions (`"best_of_k"`: it visits better states) or by
             the first sample (`"sample"`, on-policy). With `"best_of_k"` the episode visits the states the best of k
             reaches, and every decision trains on those states; `env/<name>/return` then logs the policy's expected
             return at them and `env/<name>/return_best_of_k` the realised return (an env whose `action_rewards` are
             returns-to-go, `action_rewards_to_go` as the Gymnasium adapter's Q*, logs its realised return as both).
         dense_update (`str`, *optional*, defaults to `"all_actions"`):
             What trains a dense decision's act: every legal action with its exact advantage `(Q(a) - V) / scale`
-            (`"all_actions"`, see `alea_trl.trainer.all_actions`), or its k sampled actions with their group
+            (`"all_actions"`, see `alea_trl.trainer.loss.dense`), or its k sampled actions with their group
             advantages (`"sampled"`, GRPO's update). Under `"all_actions"` an action better than the policy's
             expected reward `V` gets a log-probability step that does not shrink with its probability, a worse one the
             exact expected gradient. The sampled update shrinks with the best action's probability, so a state whose
             best action became improbable may never sample it again; under `"all_actions"` it keeps a full step.
-            `"mirror"` (see `alea_trl.trainer.mirror_update`) trains every legal action toward the mirror-descent
+            `"mirror"` (see `alea_trl.trainer.loss.dense`) trains every legal action toward the mirror-descent
             target of GRPO's own objective `E[Q] / scale - beta KL(pi || pi_ref)` over the legal actions: every step
             ascends it, its fixed point is `pi*(a) ~ pi_ref(a) exp(Q(a) / (scale beta))` (greedy at `beta = 0`), its
             size does not grow with the number of legal actions and its loss is bounded; the KL is folded into its
@@ -172,7 +172,7 @@ class AleaEnvGRPOConfig(GRPOConfig):
         loss_type (`str`, *optional*, defaults to `"grpo"`):
             As in GRPOConfig, over sampled actions (docs/config_fields.md). With one action per "completion", grpo,
             bnpo and luspo are the same loss: the mean over the real samples of a micro-batch (per kind, see
-            `outcome_loss_weight`), the seed's. GRPOConfig's default, `"dapo"`, normalises by the samples of all
+            `outcome_loss_weight`): every real sample of a kind weighs the same. GRPOConfig's default, `"dapo"`, normalises by the samples of all
             processes instead.
 
     > Distributed data parallel (TrainingArguments fields with other defaults)
@@ -219,7 +219,9 @@ class AleaEnvGRPOConfig(GRPOConfig):
     )
     dense_advance: str = field(
         default="best_of_k",
-        metadata={"help": "How dense episodes advance: 'best_of_k' (the seed's) or 'sample' (on-policy)."},
+        metadata={
+            "help": "How dense episodes advance: 'best_of_k' (the best of the k samples) or 'sample' (on-policy)."
+        },
     )
     dense_update: str = field(
         default="all_actions",
@@ -262,7 +264,7 @@ class AleaEnvGRPOConfig(GRPOConfig):
         default=False, metadata={"help": "New models: zero-initialised hashed trigram embedding."}
     )
 
-    # GRPOConfig fields whose defaults differ for decision training (the seed's values)
+    # GRPOConfig fields whose defaults differ for decision training (values that suit one action per decision)
     learning_rate: float = field(default=5e-6, metadata={"help": "Learning rate of the backbone."})
     beta: float = field(default=0.05, metadata={"help": "Weight of the exact KL to the reference policy."})
     loss_type: str = field(

@@ -1,6 +1,6 @@
 """AleaSFTTrainer: supervised warm start on a decision dataset, with the same packing and scoring rules as RL.
 
-Its outputs are those of the RL trainer (``hub.py``): an Alea model card and pushes that save locally first;
+Its outputs are those of the RL trainer (:mod:`~alea_trl.trainer.outputs.hub`): an Alea model card and pushes that save locally first;
 ``evaluate_envs`` plays the greedy evaluation of ``AleaEnvGRPOTrainer.evaluate`` for the card.
 """
 
@@ -18,10 +18,10 @@ from ..envs.registry import env_factories, list_envs
 from ..evaluation import evaluation_sums, table_from_means
 from ..packing import pack_request
 from ..questions import QTYPES
-from .hub import HubOutputs, push_at_init
 from .loss import supervised_loss
-from .metrics import gathered_means
 from .model_setup import apply_train_mode, grouped_optimizer
+from .outputs.hub import push_at_init, save_evaluation, save_lora_extras, saved_before_push, write_model_card
+from .outputs.metrics import gathered_means
 
 
 @dataclass
@@ -86,7 +86,7 @@ class DecisionCollator:
         return {"batch": collate_segments(packed, self.pad_id), "targets": targets, "act_targets": acts}
 
 
-class AleaSFTTrainer(HubOutputs, Trainer):
+class AleaSFTTrainer(Trainer):
     """Supervised training of an `AleaModel` on a decision dataset (see `alea_trl.decision_data`).
 
     What differs from [`~transformers.Trainer`]: rows are decisions packed by a `DecisionCollator`; the loss is
@@ -95,8 +95,6 @@ class AleaSFTTrainer(HubOutputs, Trainer):
     is Alea's (its envs: the registered ones named in the dataset's ``env`` column, or those of ``evaluate_envs``)
     and ``push_to_hub`` saves locally before any network call.
     """
-
-    _card_method = "sft"
 
     def __init__(
         self, model, args: AleaSFTConfig, train_dataset=None, eval_dataset=None, processing_class=None, **kwargs
@@ -142,6 +140,27 @@ class AleaSFTTrainer(HubOutputs, Trainer):
         self.last_eval_settings = {"episodes": episodes, "seed": seed, "envs": list(self.env_factories)}
         model.train(was_training)
         return self.last_eval_table
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Trainer's ``save_model``; a LoRA output also gets the Alea ``config.json`` and names its base."""
+        output_dir = output_dir or self.args.output_dir
+        super().save_model(output_dir, _internal_call)
+        save_lora_extras(self, output_dir)
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None) -> None:
+        """Write the Alea model card to ``output_dir/README.md`` (see
+        :func:`~alea_trl.trainer.outputs.hub.write_model_card`)."""
+        write_model_card(self, "sft", model_name=model_name, dataset_name=dataset_name, tags=tags)
+
+    def save_evaluation(self, **settings) -> None:
+        """Write ``eval_results.json``: the last ``evaluate_envs`` table and how it was played."""
+        save_evaluation(self, **settings)
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, **kwargs):
+        """Save the final model, tokenizer and card in ``output_dir``, then ``Trainer.push_to_hub``; a Hub that cannot
+        be reached or refuses raises :class:`~alea_trl.trainer.outputs.hub.HubPushError`."""
+        with saved_before_push(self, model_name=kwargs.get("model_name"), tags=kwargs.get("tags")):
+            return super().push_to_hub(commit_message=commit_message, blocking=blocking, **kwargs)
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:

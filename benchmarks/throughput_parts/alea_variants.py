@@ -14,12 +14,10 @@ from alea_trl.collate import pad_token_id
 from alea_trl.envs import BUILTIN_ENVS, make_env
 from alea_trl.packing import unpacked_sequences
 from alea_trl.questions import ACT_QID
-from alea_trl.trainer.loss import act_logits_of, grpo_loss
-from alea_trl.trainer.loss_inputs import sampled_forward_inputs
-from alea_trl.trainer.model_setup import param_groups
-from alea_trl.trainer.observation import Wave
-from alea_trl.trainer.pool import EpisodePool, np_rng_for_rank
-from alea_trl.trainer.rollout import Rollout
+from alea_trl.trainer import param_groups
+from alea_trl.trainer.act import act_logits_of
+from alea_trl.trainer.loss import ObjectiveSettings, grpo_loss
+from alea_trl.trainer.rollout import EpisodePool, Rollout, Wave, np_rng_for_rank, sampled_forward_inputs
 
 from .models import CPU_RUN, LEARNING_RATE, MAX_STEPS, Models
 from .timing import Runner, RunnerCallback
@@ -70,9 +68,11 @@ def packed_lengths(packed) -> tuple[list[int], list[int]]:
 def count_trainer_work(trainer: AleaEnvGRPOTrainer, runner: Runner) -> None:
     """Record what the trainer's steps answer: per step, the fresh env decisions and the replayed ones the loss
     forward takes (``rollout.replays_and_wave``), their packed tokens, the fresh ones left waiting to be replayed;
-    the reference's forwards (``beta != 0``) and branch continuations (no autograd)."""
+    the reference's forwards (``beta != 0``) and branch continuations (the no-grad forwards: actions are sampled
+    from the loss forward, so the only no-grad forwards are continuations), counted by the policy forward's collate
+    hook."""
     rollout, shared = trainer.rollout, trainer.policy_forward.shared_trunk_layer
-    take, continuation = rollout.replays_and_wave, rollout.continuation_logits
+    take = rollout.replays_and_wave
     count_deferred(rollout, runner)
 
     def replays_and_wave(n):
@@ -85,22 +85,22 @@ def count_trainer_work(trainer: AleaEnvGRPOTrainer, runner: Runner) -> None:
                 runner.work.forward(lengths, grad=False, ctx=ctx, layers="all" if shared is None else "trained")
         return replay, wave
 
-    def continuation_logits(packed):
-        if runner.measuring:
+    def continuations(packed, batch):
+        if runner.measuring and not torch.is_grad_enabled():
             lengths, ctx = packed_lengths(packed)
             runner.work.forward(lengths, grad=False, ctx=ctx)
             runner.work.add("continuation_decisions", len(packed))
-        return continuation(packed)
 
-    rollout.replays_and_wave, rollout.continuation_logits = replays_and_wave, continuation_logits
+    rollout.replays_and_wave = replays_and_wave
+    trainer.policy_forward.add_collate_hook(continuations)
 
 
 def count_deferred(rollout: Rollout, runner: Runner) -> None:
     """Count the fresh decisions ``rollout.advance`` leaves waiting for their episode's end (replayed once later)."""
     advance = rollout.advance
 
-    def counted(wave, logits, ref_logits=None):
-        rows = advance(wave, logits, ref_logits)
+    def counted(wave, logits, ref_logits=None, **kwargs):
+        rows = advance(wave, logits, ref_logits, **kwargs)
         if runner.measuring:
             runner.deferred(sum(1 for row in rows if row is not None and not row.ready))
         return rows
@@ -227,20 +227,18 @@ class UnpackedLoop:
             # sample the chunk's fresh decisions from its own forward and step their envs
             chunk_replay = [replay[d] for d in idx if d < n_replay]
             sub = wave_subset(wave, [d - n_replay for d in idx if d >= n_replay])
-            act, _ = act_logits_of(out, batch)
+            act, _ = act_logits_of(out.choice_logits, batch)
             rows = rollout.advance(sub, act[len(chunk_replay) :])
             inputs = sampled_forward_inputs(chunk_replay, sub, rows, self.k, rollout.env_index)
-            _, terms = grpo_loss(
-                out,
-                batch,
-                inputs,
+            settings = ObjectiveSettings(
                 temperature=args.temperature,
                 epsilon_low=args.epsilon,
                 epsilon_high=self.epsilon_high,
                 beta=0.0,
                 report_w=args.report_w,
-                taus=list(model.config.taus),
+                taus=tuple(model.config.taus),
             )
+            _, terms = grpo_loss(out, batch, inputs, settings)
             loss = terms.policy * (float(inputs["sample_mask"].sum()) / max(n_samples, 1))
             n_terms = sum(len(ts) for ts in terms.reports.values())
             if n_terms:

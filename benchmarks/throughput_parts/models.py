@@ -8,7 +8,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from alea_trl import AleaModel
-from alea_trl.trainer.model_setup import apply_train_mode
+from alea_trl.trainer import apply_train_mode
 
 
 LEARNING_RATE = 1e-5

@@ -19,7 +19,7 @@ from datasets import Dataset
 from transformers import PrinterCallback
 
 from alea_trl.envs import BUILTIN_ENVS, make_env
-from alea_trl.trainer.pool import EpisodePool, np_rng_for_rank
+from alea_trl.trainer.rollout import EpisodePool, np_rng_for_rank
 
 from .models import CPU_RUN, MAX_STEPS, Models
 from .timing import Runner, RunnerCallback

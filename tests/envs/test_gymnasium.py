@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from alea_trl.envs import make_env
+from alea_trl.envs.gym_ids import GYM_ENVS
 from alea_trl.envs.gymnasium import GymnasiumEnv, blackjack_model, solve
 from alea_trl.envs.gymnasium.blackjack import CARD_PROBS, dealer_outcomes, state_index
-from alea_trl.envs.registry import GYM_ENVS
 from alea_trl.questions import validate_action_rewards, validate_targets
 
 from .test_contract import _rollout
@@ -268,14 +268,15 @@ def test_refusals():
         GymnasiumEnv(gymnasium.make("FrozenLake-v1", is_slippery=False).unwrapped)
 
 
-# ------------------------------------------------------------------------------------------------------- README
+# ------------------------------------------------------------------------------------------------------- docs
 def test_readme_gymnasium_example_runs(tiny_model_factory, tokenizer, tmp_path):
+    """The example of docs/environments.md, "Your Gymnasium environment", runs as written and trains."""
     from alea_trl import AleaEnvGRPOTrainer
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "environments.md").read_text()
     section = text[text.index("## Your Gymnasium environment") :]
     namespace: dict = {}
-    exec(compile(re.search(r"```python\n(.*?)```", section, re.S).group(1), "README.md", "exec"), namespace)
+    exec(compile(re.search(r"```python\n(.*?)```", section, re.S).group(1), "docs/environments.md", "exec"), namespace)
     args = namespace["args"]
     test_sized = {"output_dir": str(tmp_path), "max_steps": 2, "use_cpu": True, "bf16": False, "report_to": []}
     test_sized |= {"save_strategy": "no", "eps_per_env": 2, "per_device_train_batch_size": 4, "max_batch": 8}

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-import alea_trl.trainer.checkpointing as grpo
+import alea_trl.trainer.outputs.checkpointing as grpo
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
 from alea_trl.testing import build_tiny_tokenizer, tiny_backbone_config
 

@@ -5,10 +5,9 @@ import sys
 
 import torch
 
-from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel
+from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel, end_distributed
 from alea_trl.testing import build_tiny_tokenizer, tiny_backbone_config
-from alea_trl.trainer import chunked_forward
-from alea_trl.trainer.distributed import end_distributed
+from alea_trl.trainer.forward import policy as chunked_forward
 
 
 def main(out_dir: str, train_mode: str, mode: str = "plain") -> None:

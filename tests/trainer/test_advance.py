@@ -7,9 +7,9 @@ import numpy as np
 import torch
 
 from alea_trl.envs import make_env
-from alea_trl.trainer.advantages import group_advantages
-from alea_trl.trainer.pool import EpisodePool
 from alea_trl.trainer.rollout import Rollout
+from alea_trl.trainer.rollout.advantages import group_advantages
+from alea_trl.trainer.rollout.pool import EpisodePool
 
 
 def _rollout(tokenizer, make_args, **overrides):

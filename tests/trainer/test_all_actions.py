@@ -11,8 +11,9 @@ import torch
 
 from alea_trl import AleaEnvGRPOTrainer
 from alea_trl.trainer import grpo_trainer
-from alea_trl.trainer.all_actions import all_action_advantages, all_actions_loss
-from alea_trl.trainer.model_card import _update_sentence
+from alea_trl.trainer.loss.dense import all_actions_loss
+from alea_trl.trainer.outputs.model_card import _update_sentence
+from alea_trl.trainer.rollout.advantages import all_action_advantages
 
 from .conftest import TOY_FACTORIES
 from .test_trainer import _expected_reward
@@ -106,10 +107,10 @@ def test_every_dense_row_trains_by_all_its_actions(tiny_model, tokenizer, make_a
     seen = []
     real = grpo_trainer.grpo_loss
 
-    def spy(output, batch, inputs, **kwargs):
+    def spy(output, batch, inputs, settings, **kwargs):
         seen.append({k: inputs[k].clone() for k in ("all_actions_rows", "action_advantages", "outcome_rows")})
         seen[-1]["trains"] = inputs["sample_mask"].any(-1).clone()
-        return real(output, batch, inputs, **kwargs)
+        return real(output, batch, inputs, settings, **kwargs)
 
     args = make_args(envs=["named_best", "three_in_a_row"], max_steps=3, dense_update="all_actions")
     trainer = AleaEnvGRPOTrainer(tiny_model(), args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES)

@@ -13,9 +13,9 @@ import torch
 from alea_trl import AleaEnvGRPOTrainer
 from alea_trl.envs import AleaEnv
 from alea_trl.questions import Decision, Question
-from alea_trl.trainer.branching import FAILURE_CAUSES
-from alea_trl.trainer.pool import EpisodePool
 from alea_trl.trainer.rollout import Rollout
+from alea_trl.trainer.rollout.branching import FAILURE_CAUSES
+from alea_trl.trainer.rollout.pool import EpisodePool
 
 
 class FragileCopies(AleaEnv):
@@ -96,12 +96,12 @@ def _uniform(packed):
     return torch.zeros(len(packed), 3)
 
 
-def _decide(rollout, n, logits=_uniform):
-    """``n`` decisions, one at a time; each one's row."""
+def _decide(rollout, n, logits=_uniform, continuation=None):
+    """``n`` decisions, one at a time, branch continuations answered by ``continuation``; each one's row."""
     rows = []
     for _ in range(n):
         wave = rollout.observe_wave(1)
-        rows.append(rollout.advance(wave, logits(wave.packed))[0])
+        rows.append(rollout.advance(wave, logits(wave.packed), continuation_logits=continuation)[0])
     return rows
 
 
@@ -119,10 +119,10 @@ def test_a_failing_copy_is_counted_by_cause_warned_once_and_valued_by_reward_to_
         on_env_error="skip",  # count the failures and keep training
         max_len=256,  # the "long" copy's state (3,000 words) does not fit; every sound decision does
     )  # fmt: skip
-    rollout.continuation_logits = _uniform
+    continuation = _uniform
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        rows = _decide(rollout, 6)
+        rows = _decide(rollout, 6, continuation=continuation)
     n_failed = FAULTY_DECISIONS[fault]
     assert sum(not row.ready for row in rows) == n_failed  # not valued by branching: they wait for reward-to-go
     valued_at_the_end = rollout.take(10)  # the two episodes ended: their return-to-go valued the waiting rows
@@ -140,19 +140,19 @@ def test_a_failing_copy_is_counted_by_cause_warned_once_and_valued_by_reward_to_
 @pytest.mark.parametrize("fault", ["step", "nan", "observe", "invalid"])
 def test_on_env_error_raise_is_honoured_inside_copies(tokenizer, make_args, fault):
     rollout = _rollout(tokenizer, make_args, "fragile", functools.partial(FragileCopies, fault), on_env_error="raise")
-    rollout.continuation_logits = _uniform
+    continuation = _uniform
     with pytest.raises(ValueError, match=rf"env 'fragile'.*during {FAULT_CAUSES[fault]}\(\) in a deep copy"):
-        _decide(rollout, 1)
+        _decide(rollout, 1, continuation=continuation)
 
 
 def test_a_copy_too_long_for_max_len_is_never_an_error(tokenizer, make_args):
     """As in the episode itself, a decision longer than ``max_len`` is counted, not raised, under the default
     ``on_env_error="raise"``."""
     rollout = _rollout(tokenizer, make_args, "fragile", functools.partial(FragileCopies, "long"), max_len=256)
-    rollout.continuation_logits = _uniform
+    continuation = _uniform
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rows = _decide(rollout, 3)
+        rows = _decide(rollout, 3, continuation=continuation)
     assert [row.ready for row in rows] == [False, False, True]  # the last decision's copies end at their first step
     assert sum(rollout.pop_stats()["branch/failed/max_len"]) == 2
 
@@ -163,10 +163,10 @@ def test_an_uncopyable_env_is_counted_at_each_decision_it_could_not_branch(token
             raise TypeError("holds a live connection")
 
     rollout = _rollout(tokenizer, make_args, "fragile", Uncopyable)  # the default on_env_error="raise"
-    rollout.continuation_logits = _uniform
+    continuation = _uniform
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _decide(rollout, 6)
+        _decide(rollout, 6, continuation=continuation)
     assert sum(rollout.pop_stats()["branch/failed/copy"]) == 6  # a failed copy is not an env error: never raised
     assert len([w for w in caught if "cannot be deep-copied" in str(w.message)]) == 1
 
@@ -183,11 +183,11 @@ def test_continuations_stop_at_branch_max_rounds_and_the_decision_falls_back(tok
             raise RuntimeError("branch continuations ran past 200 rounds")
         return torch.tensor([[-50.0, 0.0]] * len(packed))
 
-    rollout.continuation_logits = never_exit
+    continuation = never_exit
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # the sampled actions wait (their copies never end), so no branch of this decision ends
-        rows = _decide(rollout, 2, lambda packed: torch.tensor([[-50.0, 0.0]] * len(packed)))
+        rows = _decide(rollout, 2, lambda packed: torch.tensor([[-50.0, 0.0]] * len(packed)), continuation)
     assert len(forwards) == 2 * 20  # 20 rounds per decision
     assert not any(row.ready for row in rows)
     stats = rollout.pop_stats()
@@ -200,8 +200,11 @@ def test_branch_max_rounds_does_not_cut_branches_that_end_in_time(tokenizer, mak
     every branch finish."""
     sound = functools.partial(FragileCopies, "none")
     rollout = _rollout(tokenizer, make_args, "fragile", sound, branch_max_rounds=2)
-    rollout.continuation_logits = lambda packed: torch.tensor([[0.0, -1e9, -1e9]] * len(packed))
-    row = _decide(rollout, 1)[0]
+
+    def continuation(packed):
+        return torch.tensor([[0.0, -1e9, -1e9]] * len(packed))
+
+    row = _decide(rollout, 1, continuation=continuation)[0]
     assert row.ready and row.values == [float(a) for a in row.actions]  # the copies are sound
     assert sum(rollout.pop_stats()["branch/capped"]) == 0
 

@@ -62,7 +62,7 @@ def test_save_model_reloads_through_auto_model(tiny_model, tokenizer, make_args,
     for loaded in (AleaModel.from_pretrained(out), AutoModel.from_pretrained(out)):
         assert isinstance(loaded, AleaModel)
         assert_reloads_identically(loaded, model, decisions, tokenizer)
-    # an Alea checkpoint is itself a valid `model` argument (the seed's --init)
+    # an Alea checkpoint is itself a valid `model` argument (training continues from it)
     again = AleaEnvGRPOTrainer(str(out), args=make_args(envs=["nim"], max_steps=1), processing_class=tokenizer)
     assert_reloads_identically(again.model, model, decisions, tokenizer)
 

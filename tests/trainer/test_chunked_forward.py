@@ -8,7 +8,7 @@ import torch
 from alea_trl import AleaEnvGRPOTrainer
 from alea_trl.collate import collate_segments
 from alea_trl.packing import pack_request
-from alea_trl.trainer.chunked_forward import chunked_forward, length_groups
+from alea_trl.trainer.forward.policy import chunked_forward, length_groups
 
 from ..conftest import random_decision
 from .conftest import TOY_FACTORIES

@@ -83,7 +83,8 @@ def test_predict_stays_within_the_backbones_positions(tokenizer):
 
 def test_readme_python_api_offline_example_trains_and_saves(tmp_path, monkeypatch):
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Python API") : text.index("## Saving, loading and pushing")]
+    start = text.index("## Python API")
+    section = text[start : text.index("\n## ", start + 1)]
     example = next(b for b in re.findall(r"```python\n(.*?)```", section, re.S) if "tiny-qwen3" in b)
     monkeypatch.chdir(ROOT)
     out = tmp_path / "python_api"

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from alea_trl.trainer.completions_log import decision_entries
-from alea_trl.trainer.loss_inputs import rows_to_inputs
-from alea_trl.trainer.pool import EpisodePool
+from alea_trl.trainer.outputs.metrics import decision_entries
 from alea_trl.trainer.rollout import Rollout
+from alea_trl.trainer.rollout.pool import EpisodePool
+from alea_trl.trainer.rollout.rows import rows_to_inputs
 
 from .toy_envs import NamedBestEnv
 

@@ -11,8 +11,8 @@ from transformers import TrainingArguments
 from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from trl import GRPOConfig
 
+from alea_trl.trainer.act import filter_action_logits, sampling_filters_active
 from alea_trl.trainer.config_checks import ALLOWED, DEFAULT_ONLY, NEEDS_SWITCH
-from alea_trl.trainer.sampling import filter_action_logits, sampling_filters_active
 
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config_fields.md"
@@ -175,7 +175,7 @@ def test_acting_fields_are_accepted(make_args, overrides):
 
 def test_defaults_are_accepted(make_args):
     args = make_args()
-    # loss_type: "grpo" (the mean over sampled actions, the seed's loss), not GRPOConfig's "dapo"; dense decisions
+    # loss_type: "grpo" (the mean over sampled actions), not GRPOConfig's "dapo"; dense decisions
     # train by every legal action
     assert (args.loss_type, args.top_k, args.top_p, args.min_p) == ("grpo", 0, 1.0, None)
     assert args.dense_update == "all_actions"

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from alea_trl import AleaModel
-from alea_trl.trainer.grpo_trainer import COMPLETE_MARKER, POOL_STATE_NAME, last_complete_checkpoint
+from alea_trl.trainer.outputs.checkpointing import COMPLETE_MARKER, POOL_STATE_NAME, last_complete_checkpoint
 
 
 SCRIPT = Path(__file__).with_name("crash_train.py")

@@ -13,10 +13,10 @@ from alea_trl.collate import collate_segments
 from alea_trl.envs import AleaEnv
 from alea_trl.envs.nim import NimEnv, legal_moves, opponent_move_probs
 from alea_trl.questions import Decision, Question
-from alea_trl.trainer.branching import BranchFallbacks, branch_values
-from alea_trl.trainer.forward import act_rows
-from alea_trl.trainer.pool import Episode, EpisodePool
+from alea_trl.trainer.act import act_rows
 from alea_trl.trainer.rollout import Rollout
+from alea_trl.trainer.rollout.branching import BranchFallbacks, branch_values
+from alea_trl.trainer.rollout.pool import Episode, EpisodePool
 
 from .conftest import TOY_FACTORIES
 from .toy_envs import ThreeInARowEnv
@@ -83,10 +83,13 @@ def test_reward_to_go_is_measured_against_the_returns_to_go_of_the_same_step(tok
 
 def test_branching_values_each_sampled_action_by_its_return_in_an_env_copy(tokenizer, make_args):
     rollout = _rollout(tokenizer, make_args, CountingEnv, outcome_advantage="branch")
-    rollout.continuation_logits = lambda packed: torch.tensor([[0.0, -1e9, -1e9]] * len(packed))  # always "zero"
+
+    def continuation(packed):
+        return torch.tensor([[0.0, -1e9, -1e9]] * len(packed))  # always "zero"
+
     wave = rollout.observe_wave(1)
     before = wave.episodes[0].env.t
-    row = rollout.advance(wave, _uniform(wave.packed))[0]
+    row = rollout.advance(wave, _uniform(wave.packed), continuation_logits=continuation)[0]
     assert row.ready and len(row.actions) == 4  # a group, valued now
     values = torch.tensor(row.actions, dtype=torch.float32)  # the action's own reward; the copies then play "zero"
     expected = values - values.mean()
@@ -107,10 +110,15 @@ def test_an_env_of_its_own_k_gets_groups_of_that_size(tokenizer, make_args):
     )  # fmt: skip
     pool = EpisodePool(factories, eps_per_env=1, rng=np.random.default_rng(0))
     rollout = Rollout(pool, tokenizer, args, seed=0)
-    rollout.continuation_logits = lambda packed: torch.tensor([[0.0, -1e9, -1e9]] * len(packed))  # always "zero"
+
+    def continuation(packed):
+        return torch.tensor([[0.0, -1e9, -1e9]] * len(packed))  # always "zero"
+
     assert rollout.widest == 6
     wave = rollout.observe_wave(3)
-    rows = rollout.advance(wave, [torch.zeros(ep.env.observe().n_legal) for ep in wave.episodes])  # uniform
+    rows = rollout.advance(
+        wave, [torch.zeros(ep.env.observe().n_legal) for ep in wave.episodes], continuation_logits=continuation
+    )  # uniform
     widths = {ep.env_name: len(row.actions) for ep, row in zip(wave.episodes, rows) if row.ready}
     assert widths["counting"] == 6 and widths["named_best"] == 4
     for row in rows:
@@ -194,9 +202,9 @@ def test_continuations_pack_only_the_act_and_answer_it_as_the_full_decision_does
         seen.extend(packed)
         return act_logits(packed)
 
-    rollout.continuation_logits = continuation
+    continuation = continuation
     wave = rollout.observe_wave(1)
-    rollout.advance(wave, act_logits(wave.packed))
+    rollout.advance(wave, act_logits(wave.packed), continuation_logits=continuation)
     assert seen and all([q.qid for q in p.questions] == ["act"] for p in seen)
     assert len(wave.packed[0].questions) == 4  # the trained decision keeps its reports
     env = NimEnv(n_piles=3, max_stones=3).reset(np.random.default_rng(3))
@@ -208,12 +216,12 @@ def test_continuations_pack_only_the_act_and_answer_it_as_the_full_decision_does
 
 def test_an_env_that_cannot_be_copied_falls_back_to_reward_to_go_with_one_warning(tokenizer, make_args):
     rollout = _rollout(tokenizer, make_args, Uncopyable, outcome_advantage="branch")
-    rollout.continuation_logits = _uniform
+    continuation = _uniform
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(6):
             wave = rollout.observe_wave(1)
-            rows = rollout.advance(wave, _uniform(wave.packed))
+            rows = rollout.advance(wave, _uniform(wave.packed), continuation_logits=continuation)
             assert not rows[0].ready  # valued when the episode ends
     assert len([w for w in caught if "cannot be deep-copied" in str(w.message)]) == 1
     assert len(rollout.take(10)) == 6

@@ -17,11 +17,11 @@ from transformers import AutoTokenizer, TrainerCallback
 from alea_trl import AleaEnvGRPOTrainer, AleaModel
 from alea_trl.envs import make_env
 from alea_trl.questions import Question
-from alea_trl.trainer.loss import grpo_loss
-from alea_trl.trainer.policy_loss import Collectives, PolicyObjective, policy_loss
-from alea_trl.trainer.pool import EpisodePool
+from alea_trl.trainer.act import filter_action_logits
+from alea_trl.trainer.loss import ObjectiveSettings, grpo_loss
+from alea_trl.trainer.loss.policy import Collectives, PolicyObjective, policy_loss
 from alea_trl.trainer.rollout import Rollout
-from alea_trl.trainer.sampling import filter_action_logits
+from alea_trl.trainer.rollout.pool import EpisodePool
 
 from .conftest import TOY_FACTORIES
 from .toy_envs import COLOURS, ThreeInARowEnv
@@ -70,9 +70,10 @@ def _inputs(actions, mask, advantages, old_logps, outcome=None):
     }
 
 
-def _loss(output, batch, inputs, temperature=1.0, **kwargs):
-    kw = dict(temperature=temperature, epsilon_low=0.2, epsilon_high=0.2, beta=0.0, report_w=1.0, taus=[0.5])
-    return grpo_loss(output, batch, inputs, **kw, **kwargs)
+def _loss(output, batch, inputs, temperature=1.0, entropy_coef=None, collectives=None, objective=None, **kwargs):
+    kw = dict(temperature=temperature, epsilon_low=0.2, epsilon_high=0.2, beta=0.0, report_w=1.0, taus=(0.5,))
+    settings = ObjectiveSettings(**kw, **kwargs, policy=objective or PolicyObjective())
+    return grpo_loss(output, batch, inputs, settings, entropy_coef=entropy_coef, collectives=collectives)
 
 
 # ------------------------------------------------------------------------------------------- top_k, top_p, min_p
@@ -121,10 +122,15 @@ class RecordingEnv(ThreeInARowEnv):
 @pytest.mark.parametrize("top_k", [1, 0])
 def test_branch_continuations_draw_with_the_filters(tokenizer, make_args, top_k):
     rollout = _rollout(tokenizer, make_args, {"three_in_a_row": RecordingEnv}, outcome_advantage="branch", top_k=top_k)
-    rollout.continuation_logits = lambda packed: torch.tensor([[0.0, 1.0, 0.5]] * len(packed))
+
+    def continuation(packed):
+        return torch.tensor([[0.0, 1.0, 0.5]] * len(packed))
+
     RecordingEnv.steps.clear()
     wave = rollout.observe_wave(3)
-    rows = rollout.advance(wave, [torch.tensor([0.2, 0.1, 0.9])] * len(wave.episodes), None)
+    rows = rollout.advance(
+        wave, [torch.tensor([0.2, 0.1, 0.9])] * len(wave.episodes), None, continuation_logits=continuation
+    )
     assert all(row.ready and len(row.actions) == 4 for row in rows)  # branched: k valued actions
     first = [a for t, a in RecordingEnv.steps if t == 0]
     later = [a for t, a in RecordingEnv.steps if t > 0]  # the policy's continuations in the copies

@@ -105,9 +105,8 @@ def test_oversize_states_reset_and_are_counted_never_truncated(tiny_model, token
         tiny_model(), args=args, processing_class=tokenizer, env_factories={"long": LongStateEnv}
     )
     forwarded = []
-    collate = trainer.policy_forward.collate
-    trainer.policy_forward.collate = lambda packed: forwarded.extend(len(p) for p in packed) or collate(packed)
-    trainer.train()  # the default on_env_error="raise" still resets oversize decisions (the seed's behaviour)
+    trainer.policy_forward.add_collate_hook(lambda packed, batch: forwarded.extend(len(p) for p in packed))
+    trainer.train()  # the default on_env_error="raise" still resets oversize decisions (dropped, not an error)
     skipped = [h["skipped_decisions"] for h in trainer.state.log_history if "skipped_decisions" in h]
     assert sum(skipped) > 0
     assert forwarded and max(forwarded) <= 256
@@ -144,7 +143,7 @@ def test_extreme_logits_stay_finite(tiny_model, tokenizer, make_args):
 
 
 def test_non_finite_loss_stops_before_any_weight_changes(tiny_model, tokenizer, make_args, monkeypatch):
-    import alea_trl.trainer.loss as loss_module
+    import alea_trl.trainer.loss.objective as loss_module
 
     real = loss_module.report_losses
     calls = {"n": 0}

@@ -16,9 +16,9 @@ from transformers import AutoModel, AutoTokenizer
 
 from alea_trl import AleaEnvGRPOTrainer, AleaModel
 from alea_trl.evaluation import evaluate_policy
-from alea_trl.loading import BASE_BACKBONE_DIR
+from alea_trl.model_files import BASE_BACKBONE_DIR
 from alea_trl.testing import tiny_backbone_config
-from alea_trl.trainer.hub import HubPushError
+from alea_trl.trainer.outputs.hub import HubPushError
 
 from ..conftest import RELOAD_ATOL, assert_reloads_identically
 from .test_modeling_helpers import fresh_decisions

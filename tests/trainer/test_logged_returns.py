@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from alea_trl.envs import make_env
-from alea_trl.trainer.pool import EpisodePool
 from alea_trl.trainer.rollout import Rollout
+from alea_trl.trainer.rollout.pool import EpisodePool
 
 from .toy_envs import NamedBestEnv
 

@@ -2,8 +2,8 @@
 
 import torch
 
-from alea_trl.trainer.advantages import env_batch_std, group_advantages
 from alea_trl.trainer.loss import exact_kl, policy_loss
+from alea_trl.trainer.rollout.advantages import env_batch_std, group_advantages
 
 
 def test_policy_gradient_equals_group_baseline_reinforce_at_ratio_one():

@@ -6,7 +6,7 @@ import torch
 
 from alea_trl import AleaEnvGRPOTrainer
 from alea_trl.evaluation import evaluation_sums, table_from_means
-from alea_trl.trainer.metrics import gathered_means
+from alea_trl.trainer.outputs.metrics import gathered_means
 
 from .conftest import TOY_FACTORIES
 
@@ -21,15 +21,12 @@ def test_token_metrics_count_the_loss_forwards(tiny_model, tokenizer, make_args,
     )
     trainer = AleaEnvGRPOTrainer(tiny_model(), args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES)
     steps = []  # per step: (real tokens, padded tokens, decisions) of the loss forwards
-    collate = trainer.policy_forward.collate
 
-    def recorded(packed):
-        batch = collate(packed)
+    def recorded(packed, batch):
         if torch.is_grad_enabled():
             steps.append((sum(len(p) for p in packed), batch.input_ids.numel(), len(packed)))
-        return batch
 
-    trainer.policy_forward.collate = recorded
+    trainer.policy_forward.add_collate_hook(recorded)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "tokens/per_decision" in h]
     assert len(logs) == len(steps) == 3

@@ -1,4 +1,4 @@
-"""The mirror update of dense decisions (alea_trl/trainer/mirror_update.py) is a step on GRPO's objective over the
+"""The mirror update of dense decisions (alea_trl/trainer/loss/dense.py) is a step on GRPO's objective over the
 legal actions: checked on tabular logits (one logit per action, the act head's last layer) against autograd and
 closed forms."""
 
@@ -11,8 +11,9 @@ import torch
 
 from alea_trl import AleaEnvGRPOTrainer
 from alea_trl.trainer import grpo_trainer
-from alea_trl.trainer.mirror_update import mirror_loss, mirror_steps
-from alea_trl.trainer.model_card import _update_sentence
+from alea_trl.trainer.loss.dense import mirror_loss
+from alea_trl.trainer.outputs.model_card import _update_sentence
+from alea_trl.trainer.rollout.advantages import mirror_steps
 
 from .conftest import TOY_FACTORIES
 
@@ -134,9 +135,9 @@ def test_the_trainer_trains_dense_rows_by_their_steps_and_names_the_update(tiny_
     seen = []
     real = grpo_trainer.grpo_loss
 
-    def spy(output, batch, inputs, **kwargs):
-        seen.append((inputs["all_actions_rows"].clone(), inputs["action_advantages"].clone(), kwargs["dense_update"]))
-        return real(output, batch, inputs, **kwargs)
+    def spy(output, batch, inputs, settings, **kwargs):
+        seen.append((inputs["all_actions_rows"].clone(), inputs["action_advantages"].clone(), settings.dense_update))
+        return real(output, batch, inputs, settings, **kwargs)
 
     args = make_args(envs=["named_best"], max_steps=2, beta=0.01, dense_update="mirror")  # KL folded into the steps
     trainer = AleaEnvGRPOTrainer(tiny_model(), args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES)

@@ -39,5 +39,7 @@ def test_a_checkpoint_of_the_earlier_layout_resumes_to_the_uninterrupted_run(tmp
     a = whole.accelerator.unwrap_model(whole.model).state_dict()
     b = resumed.accelerator.unwrap_model(resumed.model).state_dict()
     assert a.keys() == b.keys()
-    for name in a:  # equal to the bit on the machine that wrote the fixture; BLAS may differ in the last bits elsewhere
+    for (
+        name
+    ) in a:  # equal to the bit on the machine that wrote the fixture; BLAS may differ in the last bits elsewhere
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=name)

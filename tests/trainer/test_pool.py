@@ -3,7 +3,7 @@
 import numpy as np
 
 from alea_trl.envs import make_env
-from alea_trl.trainer.pool import EpisodePool
+from alea_trl.trainer.rollout.pool import EpisodePool
 
 
 def test_every_episode_advances_and_envs_share_each_wave():

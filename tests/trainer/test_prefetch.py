@@ -10,8 +10,8 @@ import torch
 from alea_trl import AleaEnvGRPOTrainer
 from alea_trl.envs import make_env
 from alea_trl.packing import pack_request
-from alea_trl.trainer.pool import EpisodePool
 from alea_trl.trainer.rollout import Rollout
+from alea_trl.trainer.rollout.pool import EpisodePool
 
 from .conftest import TOY_FACTORIES
 

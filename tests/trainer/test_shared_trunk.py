@@ -8,8 +8,8 @@ import torch
 
 from alea_trl.collate import collate_segments
 from alea_trl.packing import pack_request
+from alea_trl.trainer.forward.reference import captured_trunk, first_shared_layer, reference_choice_logits
 from alea_trl.trainer.model_setup import apply_train_mode, decoder_layers
-from alea_trl.trainer.shared_trunk import captured_trunk, first_shared_layer, reference_choice_logits
 
 from ..conftest import random_decision
 

@@ -2,10 +2,10 @@
 
 ``GymnasiumEnv`` wraps any Gymnasium env with a ``Discrete`` action space. Envs with a model (Gymnasium's transition
 table ``P``, or Blackjack's rules) are dense with exact oracles; others run in outcome mode. ``GYM_ENVS`` (in
-``alea_trl.envs.registry``) names the registered ones (``gym-frozenlake-4x4``, ...), made by :func:`make_gym_env`.
+``alea_trl.envs.gym_ids``) names the registered ones (``gym-frozenlake-4x4``, ...), made by :func:`make_gym_env`.
 """
 
-from ..registry import GYM_ENVS
+from ..gym_ids import GYM_ENVS
 from .adapter import GymnasiumEnv
 from .blackjack import blackjack_model
 from .tabular import Solution, TabularModel, greedy, solve

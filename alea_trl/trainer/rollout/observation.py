@@ -21,9 +21,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..envs.base import AleaEnv
-from ..packing import PackedRequest, pack_request
-from ..questions import validate_action_rewards, validate_targets
+from ...envs.base import AleaEnv
+from ...packing import PackedRequest, pack_request
+from ...questions import validate_action_rewards, validate_targets
 from .pool import Episode
 
 

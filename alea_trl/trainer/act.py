@@ -1,6 +1,8 @@
-"""Sampling filters of the act head: `top_k`, `top_p` and `min_p` over each decision's legal actions.
+"""The act distribution of decisions: the act question's logits read out of a forward, log-probs on the host,
+the sampling filters ``top_k`` / ``top_p`` / ``min_p`` over each decision's legal actions, and the width
+fitting of per-action rows. The rollout, the forwards and the loss all read the act head through these.
 
-Design decisions:
+Design decisions (sampling filters):
 1. The semantics are transformers' logits warpers (``TopKLogitsWarper``, ``TopPLogitsWarper``, ``MinPLogitsWarper``),
    applied in the order ``generate`` applies them (top-k, then top-p on the renormalised survivors, then min-p), with
    GRPOConfig's "off" values: ``top_k=0``, ``top_p=1.0``, ``min_p=None``. Temperature is the caller's: it comes
@@ -19,6 +21,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from ..questions import ACT_QID
 
 
 def sampling_filters_active(top_k: int = 0, top_p: float = 1.0, min_p: float | None = None) -> bool:
@@ -52,7 +56,7 @@ def filter_action_logits(
 
     ```python
     >>> import torch
-    >>> from alea_trl.trainer.sampling import filter_action_logits
+    >>> from alea_trl.trainer.act import filter_action_logits
 
     >>> logits = torch.tensor([[2.0, 1.0, 0.0, float("-inf")], [0.0, 0.0, 3.0, 1.0]])
     >>> filter_action_logits(logits, top_k=2)
@@ -118,4 +122,33 @@ def _check_filters(top_k, top_p, min_p) -> None:
         raise ValueError(f"filter_action_logits: field 'min_p': must be None (off) or in [0, 1], got {min_p!r}")
 
 
-__all__ = ["filter_action_logits", "host_log_probs", "no_logits", "sampling_filters_active", "sampling_probs"]
+def act_logits_of(choice_logits: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The act question's option logits of every decision (from a forward's ``choice_logits`` and its batch), `(N, A)` padded with ``-inf``, and the legal mask."""
+    is_act = torch.tensor([q.qid == ACT_QID for qs in batch.questions for q in qs], device=choice_logits.device)
+    logits = choice_logits[is_act]  # (N, A_max over all choice questions)
+    legal = torch.isfinite(logits)
+    width = int(legal.sum(-1).max())
+    return logits[:, :width], legal[:, :width]
+
+
+def act_rows(choice_logits: torch.Tensor, batch) -> torch.Tensor:
+    """The act question's logits of every decision, `(N, A)` in float32, ``-inf`` beyond its legal options."""
+    return act_logits_of(choice_logits, batch)[0].float()
+
+
+def fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x`` `(N, W)` cut or zero-padded to `(N, width)`, in float32 (per-action rows of another batch)."""
+    x = x.to(torch.float32)
+    return x[:, :width] if x.shape[-1] >= width else torch.nn.functional.pad(x, (0, width - x.shape[-1]))
+
+
+__all__ = [
+    "act_logits_of",
+    "act_rows",
+    "filter_action_logits",
+    "fit_width",
+    "host_log_probs",
+    "no_logits",
+    "sampling_filters_active",
+    "sampling_probs",
+]

@@ -18,6 +18,21 @@ Design decisions:
 3. The off-policy mask (DeepSeek-V3.2, TRL's ``get_off_policy_mask``, ``off_policy_mask_threshold``) keeps a sample
    unless its advantage is negative and ``old_logp - logp`` exceeds the threshold; masks zero terms, they do not
    change the normalisers (as TRL).
+
+Entropy of the act distribution: the high-entropy sample mask (``top_entropy_quantile``), the entropy bonus
+(``entropy_coef``) and its adaptive controller (``use_adaptive_entropy``, run by the trainer).
+4. A decision's entropy is that of its act distribution over its legal actions at ``temperature``,
+   ``-sum_a p(a) log p(a)``; every sample of the decision carries it (TRL's per-token entropy, one token per sample).
+5. ``top_entropy_quantile`` (TRL's ``get_high_entropy_mask``, "Beyond the 80/20 rule"): the threshold is the
+   ``1 - rho`` quantile of the entropies of all processes' real samples of the micro-batch; samples below it leave
+   the policy loss (and the bonus). It is a gather: every process calls it once per micro-batch.
+6. The bonus is ``-coef x`` the mean entropy of the decisions whose actions train in the forward (those kept by the
+   entropy mask), gradient through the policy's act distribution.
+7. The adaptive controller is TRL's (Skywork-OR1) on TRL's own trainer attributes (``entropy_coef``,
+   ``_last_world_entropy``, ``_entropy_window_stats``, ``_entropy_bonus_enabled``), so ``GRPOTrainer``'s checkpoint
+   save and resume of its state covers it: the coefficient applies while the last optimizer step's entropy of all
+   processes is at most ``entropy_target``, and moves by ``entropy_coef_delta`` towards more bonus below the target
+   and less above it, within ``[entropy_coef_min, entropy_coef_max]``.
 """
 
 from __future__ import annotations
@@ -217,7 +232,7 @@ def policy_loss(
 
     A dense decision carries k samples and an outcome decision one (or k when branched), so one mean over all samples
     would give the outcome envs a share that depends on k and on the batch mix. Each kind's samples are normalised on
-    their own (by ``objective.loss_type``'s normaliser, see `alea_trl.trainer.loss_types`) and the two added, the
+    their own (by ``objective.loss_type``'s normaliser, see :func:`kind_normalisers`) and the two added, the
     outcome one weighted by ``outcome_weight``: a kind's gradient scale does not depend on whether the other kind is
     in the batch.
 
@@ -270,12 +285,43 @@ def policy_loss(
     return loss, stats
 
 
+def act_entropy(logp_all: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
+    """Each row's entropy ``-sum_a p(a) log p(a)`` over its legal actions, `(N,)`, from log-probs `(N, A)` that are
+    ``-inf`` where not legal (differentiable: the illegal entries give no NaN gradient)."""
+    logp = logp_all.masked_fill(~legal, 0.0)
+    return -torch.where(legal, logp.exp() * logp, 0.0).sum(-1)
+
+
+def high_entropy_samples(
+    entropy: torch.Tensor, sample_mask: torch.Tensor, rho: float, gather: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """The real samples whose decision's entropy is at least the ``1 - rho`` quantile of all processes' real samples.
+
+    Args:
+        entropy (`torch.Tensor` of shape `(N,)`): each decision's entropy (no gradient needed).
+        sample_mask (`torch.Tensor` of shape `(N, k)`): the real samples.
+        rho (`float`): ``top_entropy_quantile``, the share of samples kept.
+        gather (`Callable`): all processes' 1-D tensors concatenated (see `Collectives`).
+
+    Returns:
+        `torch.Tensor` of shape `(N, k)` (bool).
+    """
+    per_sample = entropy.detach().float()[:, None].expand_as(sample_mask)
+    everyone = gather(per_sample[sample_mask])
+    if everyone.numel() == 0:
+        return torch.zeros_like(sample_mask)
+    threshold = torch.quantile(everyone, 1.0 - rho)
+    return (per_sample >= threshold) & sample_mask
+
+
 __all__ = [
     "CLIPPING_LOSSES",
-    "GLOBAL_COUNT_LOSSES",
     "Collectives",
+    "GLOBAL_COUNT_LOSSES",
     "PolicyObjective",
     "PolicyStats",
+    "act_entropy",
+    "high_entropy_samples",
     "kind_normalisers",
     "off_policy_keep",
     "per_sample_loss",

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..collate import collate_segments
-from ..packing import PackedRequest
+from ...collate import collate_segments
+from ...packing import PackedRequest
 
 
 class EvenForwards:

@@ -1,5 +1,5 @@
 """Loss inputs: decision rows stacked into the dict that TRL's generation buffer splits and shuffles, and that
-:func:`~alea_trl.trainer.loss.grpo_loss` reads.
+:func:`~alea_trl.trainer.loss.objective.grpo_loss` reads.
 
 Design decisions:
 1. One row is one decision: up to k sampled actions with their advantages and behaviour log-probs (dense), or one
@@ -15,24 +15,25 @@ Design decisions:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from ..packing import PackedRequest
+from ...packing import PackedRequest
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DecisionRow:
-    """One decision ready for the loss: its packing, targets, sampled actions and their advantages."""
+    """One decision ready for the loss: its packing, targets, sampled actions and their advantages (built by keyword;
+    the advantages of a row valued later are filled in then)."""
 
     env_index: int
     packed: PackedRequest
     targets: dict
     actions: list[int]
-    advantages: list[float]
     old_logps: list[float]
-    ref_logps: torch.Tensor | None
+    ref_logps: torch.Tensor | None = None
+    advantages: list[float] = field(default_factory=list)
     outcome: bool = False
     step: int = 0  # the optimizer step at which its actions were sampled
     ready: bool = True  # its advantages were known when it was made (dense, or outcome valued by branching)
@@ -142,7 +143,11 @@ def sampled_forward_inputs(replay: list[DecisionRow], wave, rows: list[DecisionR
     full, trains_action, trains_kl_and_reports = list(replay), [True] * len(replay), [False] * len(replay)
     for ep, packed, row in zip(wave.episodes, wave.packed, rows):
         made = row is not None
-        full.append(row if made else DecisionRow(env_index[ep.env_name], packed, {}, [], [], [], None))
+        full.append(
+            row
+            if made
+            else DecisionRow(env_index=env_index[ep.env_name], packed=packed, targets={}, actions=[], old_logps=[])
+        )
         trains_action.append(made and row.ready)
         trains_kl_and_reports.append(made)
     return rows_to_inputs(full, k, trains_action, trains_kl_and_reports)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampling import sampling_probs
+from ..act import host_log_probs, sampling_probs
 
 
 FAILURE_CAUSES = ("copy", "step", "observe", "max_len")
@@ -98,10 +98,6 @@ class BranchFallbacks:
         return out
 
 
-def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    return torch.log_softmax(logits.detach().float().cpu() / temperature, -1)
-
-
 def branch_values(
     episodes: list,
     actions: list[list[int]],
@@ -129,7 +125,7 @@ def branch_values(
         fallbacks (`BranchFallbacks`): counts (and warns about, or raises for) the decisions whose branching failed
             or hit ``max_rounds``; remembers the envs that cannot be deep-copied.
         filters (`tuple`, defaults to `(0, 1.0, None)`): ``(top_k, top_p, min_p)`` of the continuation draws (see
-            :func:`~alea_trl.trainer.sampling.filter_action_logits`).
+            :func:`~alea_trl.trainer.act.filter_action_logits`).
         reward_weight (`float`, defaults to `1.0`): multiplies every reward of a branch (``reward_weights``).
         max_rounds (`int`, *optional*): most continuation rounds (forwards) of this call; ``None``: until every
             copy's episode ends.
@@ -200,7 +196,7 @@ def branch_values(
                 fallbacks.cap(episodes[i].env_name, max_rounds)
             break
         packed, kept = [p for p, _ in prepared], [branch for _, branch in prepared]
-        logp = _log_probs(continuation_logits(packed), temperature)  # (M, A)
+        logp = host_log_probs(continuation_logits(packed), temperature)[0]  # (M, A)
         rounds += 1
         answered += len(kept)
         drawn = torch.multinomial(sampling_probs(logp, *filters), 1, generator=generator)[:, 0].tolist()

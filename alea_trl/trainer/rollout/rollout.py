@@ -3,21 +3,21 @@
 Design decisions:
 1. A wave takes decisions from the pool (fair across envs; observed by an :class:`Observer`); ``advance`` samples
    their actions from the act head's logits at ``temperature`` (restricted by ``top_k`` / ``top_p`` / ``min_p``, see
-   :mod:`~alea_trl.trainer.sampling`; the stored log-probs are the unfiltered policy's, as TRL's) with the rollout's
+   :mod:`~alea_trl.trainer.act`; the stored log-probs are the unfiltered policy's, as TRL's) with the rollout's
    own ``torch.Generator`` (checkpointed with the pool) and steps the envs. Every reward an env reports (dense
    expected rewards, step rewards) is multiplied by ``reward_weights[0]`` when set, so advantages, returns and
    regrets of the rollout are in weighted units. The logits come either from the loss forward itself (the
    trainer's ``sample_in_loss_forward``) or from a separate no-grad forward (``run_wave``: up to ``max_batch``
    decisions).
 2. Dense decisions: k actions from one set of act logits; their exact expected rewards give the group advantages
-   (:func:`~alea_trl.trainer.advantages.group_advantages`); with ``dense_update="all_actions"`` the row also carries
-   every legal action's advantage (:mod:`~alea_trl.trainer.all_actions`). The episode advances by the best of the k
-   (``dense_advance="best_of_k"``, the seed's) or by the first sample (``"sample"``, on-policy).
+   (:func:`~alea_trl.trainer.rollout.advantages.group_advantages`); with ``dense_update="all_actions"`` the row also carries
+   every legal action's advantage (:mod:`~alea_trl.trainer.loss.dense`). The episode advances by the best of the k
+   (``dense_advance="best_of_k"``: the episode visits the states a better policy would) or by the first sample (``"sample"``, on-policy).
 3. Outcome decisions (``outcome_advantage``): with ``"branch"`` each of the k sampled actions is valued in a deep copy
-   of the env played to the end by the current policy (:mod:`~alea_trl.trainer.branching`), and the decision is a group
+   of the env played to the end by the current policy (:mod:`~alea_trl.trainer.rollout.branching`), and the decision is a group
    like a dense one; otherwise one action is stored with its behaviour log-prob, and when the episode ends the row's
    advantage is its return-to-go (``"rtg"``) or the episode's return (``"episode"``) against that env's recent ones
-   (:func:`~alea_trl.trainer.advantages.outcome_advantage`). The behaviour log-prob lets the loss importance-correct a
+   (:func:`~alea_trl.trainer.rollout.advantages.outcome_advantage`). The behaviour log-prob lets the loss importance-correct a
    replay that happens after the policy moved.
 4. Every row carries the reference policy's log-probs over its legal actions (the reference is frozen, so computing
    them at decision time is exact) and the decision's validated report targets.
@@ -31,19 +31,49 @@ from __future__ import annotations
 import math
 from collections import defaultdict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .advantages import env_batch_std, group_advantages, outcome_advantage
-from .all_actions import all_action_advantages, reward_scale
+from ..act import host_log_probs, no_logits, sampling_probs
+from ..loss.policy import act_entropy
+from .advantages import (
+    all_action_advantages,
+    env_batch_std,
+    group_advantages,
+    mirror_steps,
+    outcome_advantage,
+    reward_scale,
+)
 from .branching import BranchFallbacks, branch_values
-from .entropy import act_entropy
-from .loss_inputs import DecisionRow
-from .mirror_update import mirror_steps
 from .observation import Observer, Wave
 from .pool import Episode, EpisodePool
-from .sampling import host_log_probs, no_logits, sampling_probs
+from .rows import DecisionRow
+
+
+@dataclass
+class _Draw:
+    """What :meth:`Rollout.advance` computes for a whole wave at once, before any env is stepped: host log-probs
+    `(N, A)` of the policy and the reference, exact expected rewards `(N, A)` and the sampled actions' `(N, widest)`,
+    and per decision its k, whether it is dense, its legal actions, entropy, regret, the dense action it advances
+    by, its sampled actions and their log-probs, and (``dense_update`` other than ``"sampled"``) every legal action's
+    advantage or step."""
+
+    logp_all: torch.Tensor
+    ref_all: torch.Tensor | None
+    rewards: torch.Tensor
+    sampled: torch.Tensor
+    expected: torch.Tensor
+    width: list[int]
+    dense: list[bool]
+    n_legal: list[int]
+    entropy: list[float]
+    regret: list[float]
+    dense_step: list[int]
+    actions: list[list[int]]
+    logp_act: list[list[float]]
+    every: list[list[float]] | None
 
 
 class Rollout:
@@ -72,14 +102,13 @@ class Rollout:
         self.stats: dict[str, list[float]] = defaultdict(list)
         self.queue: deque[DecisionRow] = deque()
         self.observer = Observer(tokenizer, args, self.stats, lambda ep: self.pool.reset_episode(ep))
-        self.step = 0  # the optimizer step (set by the trainer): rows record when their actions were sampled
-        # the current policy's act logits (no gradient) for branch continuations; set by the trainer
-        self.continuation_logits: Callable | None = None
         # the decisions whose branching failed or was capped, counted by cause (and envs that cannot be copied)
         self.branch_fallbacks = BranchFallbacks(args.on_env_error)
 
     # ------------------------------------------------------------------------------------------------- collection
-    def collect(self, n_rows: int, logits_fn: Callable) -> list[DecisionRow]:
+    def collect(
+        self, n_rows: int, logits_fn: Callable, *, step: int = 0, continuation_logits: Callable | None = None
+    ) -> list[DecisionRow]:
         """Run waves until ``n_rows`` rows are ready; return the oldest ``n_rows``.
 
         Args:
@@ -87,10 +116,11 @@ class Rollout:
             logits_fn (`Callable`): ``list[PackedRequest] -> (act, ref)``: the policy's act logits (`(N, A)` with
                 ``-inf`` beyond the legal options, or one `(n_legal,)` tensor per decision) and the reference
                 policy's (``None`` when ``beta == 0``); see :meth:`advance`.
+            step, continuation_logits: see :meth:`advance`.
         """
         stalled = 0
         while len(self.queue) < n_rows:
-            produced = self.run_wave(logits_fn)
+            produced = self.run_wave(logits_fn, step=step, continuation_logits=continuation_logits)
             stalled = 0 if produced else stalled + 1
             if stalled > 1000:
                 raise RuntimeError(
@@ -127,7 +157,7 @@ class Rollout:
         """Wait for the background observations (before any env is stepped, reset or saved)."""
         self.observer.join_prefetch()
 
-    def run_wave(self, logits_fn: Callable) -> int:
+    def run_wave(self, logits_fn: Callable, *, step: int = 0, continuation_logits: Callable | None = None) -> int:
         """One wave of ``max_batch`` decisions answered by ``logits_fn``; returns how many rows it added to the
         queue."""
         wave = self.observe_wave(self.args.max_batch)
@@ -135,13 +165,21 @@ class Rollout:
             return 0
         logits, ref_logits = logits_fn(wave.packed)
         before = len(self.queue)
-        rows = self.advance(wave, logits, ref_logits)
+        rows = self.advance(wave, logits, ref_logits, step=step, continuation_logits=continuation_logits)
         self.prefetch(wave.episodes)
         self.queue.extend(row for row in rows if row is not None and row.ready)
         return len(self.queue) - before
 
     # --------------------------------------------------------------------------------------- sampling and stepping
-    def advance(self, wave: Wave, logits, ref_logits=None) -> list[DecisionRow | None]:
+    def advance(
+        self,
+        wave: Wave,
+        logits,
+        ref_logits=None,
+        *,
+        step: int = 0,
+        continuation_logits: Callable | None = None,
+    ) -> list[DecisionRow | None]:
         """Sample actions for a wave from the policy's act logits, step the envs, and return one row per decision
         (``None`` where the env failed and ``on_env_error="skip"`` reset it).
 
@@ -158,16 +196,30 @@ class Rollout:
                 `(N, A)` with ``-inf`` beyond each decision's legal options, or one `(n_legal,)` tensor per decision.
             ref_logits (`torch.Tensor`, `list`, *optional*): the reference policy's, in the same form; ``None`` (or a
                 list of ``None``) when ``beta == 0``.
+            step (`int`, defaults to `0`): the optimizer step; rows record when their actions were sampled.
+            continuation_logits (`Callable`, *optional*): ``list[PackedRequest] -> (M, A)`` act logits of the current
+                policy (no gradient), for branch continuations; ``None``: outcome decisions are not branched.
         """
         self.join_prefetch()
+        draw = self._draw(wave, logits, ref_logits)
+        branched = self._branch(wave, draw.dense, draw.actions, continuation_logits)
+        rows = [self._made_row(wave, i, draw, branched[i], step) for i in range(len(wave.episodes))]
+        values = draw.sampled.clone()
+        for i, v in enumerate(branched):
+            if v is not None:
+                values[i, : len(v)] = torch.tensor(v, dtype=values.dtype)
+        self._set_group_advantages(wave, rows, values, draw.width)
+        return rows
+
+    def _draw(self, wave: Wave, logits, ref_logits) -> _Draw:
+        """The wave's log-probs, sampled actions and exact expected rewards, and the dense decisions' targets."""
         args = self.args
         logp_all, legal = host_log_probs(logits, args.temperature)  # (N, A) on the host
         ref_all = None if no_logits(ref_logits) else host_log_probs(ref_logits, args.temperature)[0]
         probs = logp_all.exp()
-        entropy = act_entropy(logp_all, legal)  # (N,)
         # drawn from the top-k / top-p / min-p filtered distribution; log-probs, entropy and regret are the policy's
-        draw = sampling_probs(logp_all, *self.filters)
-        actions = torch.multinomial(draw, self.widest, replacement=True, generator=self.generator)  # (N, widest)
+        draws = sampling_probs(logp_all, *self.filters)
+        actions = torch.multinomial(draws, self.widest, replacement=True, generator=self.generator)  # (N, widest)
         width = [self.group_size[ep.env_name] for ep in wave.episodes]  # each row's k: its first k draws
         dense = [ep.env.dense for ep in wave.episodes]
         rewards = self._expected_rewards(wave, dense, logp_all.shape) * self.reward_weight  # (N, A)
@@ -179,7 +231,6 @@ class Rollout:
             dense_step = actions.gather(1, sampled.masked_fill(beyond, float("-inf")).argmax(-1, keepdim=True))[:, 0]
         else:
             dense_step = actions[:, 0]
-        n_legal = legal.sum(-1).tolist()
         every = None  # all_actions: each dense decision's legal actions' advantages; mirror: their log-prob steps
         if args.dense_update != "sampled":
             env_ids = torch.tensor([self.env_index[ep.env_name] for ep in wave.episodes])
@@ -188,54 +239,70 @@ class Rollout:
         elif args.dense_update == "mirror":
             scale = reward_scale(rewards, legal, args.scale_rewards, env_ids)  # (N, 1)
             every = mirror_steps(rewards, legal, logp_all, scale, args.beta, ref_all).tolist()
-        h, reg, step_a = entropy.tolist(), regret.tolist(), dense_step.tolist()
-        act = [a[:w] for a, w in zip(actions.tolist(), width)]
-        logp_act = [lp[:w] for lp, w in zip(logp_all.gather(1, actions).tolist(), width)]
-        branched = self._branch(wave, dense, act)
+        return _Draw(
+            logp_all=logp_all,
+            ref_all=ref_all,
+            rewards=rewards,
+            sampled=sampled,
+            expected=expected,
+            width=width,
+            dense=dense,
+            n_legal=legal.sum(-1).tolist(),
+            entropy=act_entropy(logp_all, legal).tolist(),
+            regret=regret.tolist(),
+            dense_step=dense_step.tolist(),
+            actions=[a[:w] for a, w in zip(actions.tolist(), width)],
+            logp_act=[lp[:w] for lp, w in zip(logp_all.gather(1, actions).tolist(), width)],
+            every=every,
+        )
 
-        rows: list[DecisionRow | None] = []
-        for i, ep in enumerate(wave.episodes):
-            ref_logp = ref_all[i, : n_legal[i]].clone() if ref_all is not None else None  # its own storage
-            self.stats[f"env/{ep.env_name}/entropy"].append(h[i])
-            made = (self.env_index[ep.env_name], wave.packed[i], wave.targets[i])
-            if dense[i]:
-                self.stats[f"env/{ep.env_name}/regret"].append(reg[i])
-                ep.policy_ret += float(expected[i])  # a return only when the env's action_rewards are step rewards
-                row = DecisionRow(*made, act[i], [], logp_act[i], ref_logp)
-                if every is not None:
-                    row.action_advantages, row.old_logps_all = (
-                        every[i][: n_legal[i]],
-                        logp_all[i, : n_legal[i]].tolist(),
-                    )
-                    row.action_values = rewards[i, : n_legal[i]].tolist()
-                step = step_a[i]
-            elif branched[i] is not None:  # valued now: k actions, the episode goes on with the first
-                row = DecisionRow(*made, act[i], [], logp_act[i], ref_logp, outcome=True, step=self.step)
-                step = act[i][0]
-            else:  # one action (the first of the row's draws), valued when the episode ends
-                step = act[i][0]
-                row = DecisionRow(
-                    *made, [step], [], [logp_act[i][0]], ref_logp, True, self.step, False, ep.n_decisions
-                )
-            rows.append(row if self._step(ep, step, row) else None)
-        values = sampled.clone()
-        for i, v in enumerate(branched):
-            if v is not None:
-                values[i, : len(v)] = torch.tensor(v, dtype=values.dtype)
-        self._set_group_advantages(wave, rows, values, width)
-        return rows
+    def _made_row(self, wave: Wave, i: int, draw: _Draw, branch_values: list[float] | None, step: int):
+        """The row of the wave's decision ``i``, after its env was stepped with the action it advances by (``None``
+        when the env failed and was reset)."""
+        ep, n_legal = wave.episodes[i], draw.n_legal[i]
+        ref_logp = draw.ref_all[i, :n_legal].clone() if draw.ref_all is not None else None  # its own storage
+        self.stats[f"env/{ep.env_name}/entropy"].append(draw.entropy[i])
+        made = dict(
+            env_index=self.env_index[ep.env_name], packed=wave.packed[i], targets=wave.targets[i], ref_logps=ref_logp
+        )
+        if draw.dense[i]:
+            self.stats[f"env/{ep.env_name}/regret"].append(draw.regret[i])
+            ep.policy_ret += float(draw.expected[i])  # a return only when the env's action_rewards are step rewards
+            row = DecisionRow(**made, actions=draw.actions[i], old_logps=draw.logp_act[i])
+            if draw.every is not None:
+                row.action_advantages = draw.every[i][:n_legal]
+                row.old_logps_all = draw.logp_all[i, :n_legal].tolist()
+                row.action_values = draw.rewards[i, :n_legal].tolist()
+            action = draw.dense_step[i]
+        elif branch_values is not None:  # valued now: k actions, the episode goes on with the first
+            row = DecisionRow(**made, actions=draw.actions[i], old_logps=draw.logp_act[i], outcome=True, step=step)
+            action = draw.actions[i][0]
+        else:  # one action (the first of the row's draws), valued when the episode ends
+            action = draw.actions[i][0]
+            row = DecisionRow(
+                **made,
+                actions=[action],
+                old_logps=[draw.logp_act[i][0]],
+                outcome=True,
+                step=step,
+                ready=False,
+                t=ep.n_decisions,
+            )
+        return row if self._step(ep, action, row) else None
 
-    def _branch(self, wave: Wave, dense: list[bool], actions: list[list[int]]) -> list[list[float] | None]:
+    def _branch(
+        self, wave: Wave, dense: list[bool], actions: list[list[int]], continuation_logits: Callable | None
+    ) -> list[list[float] | None]:
         """Branch returns of the k sampled actions of the wave's outcome decisions (``None`` where not branched)."""
         out: list[list[float] | None] = [None] * len(dense)
         outcome = [i for i, d in enumerate(dense) if not d]
-        if self.args.outcome_advantage != "branch" or not outcome or self.continuation_logits is None:
+        if self.args.outcome_advantage != "branch" or not outcome or continuation_logits is None:
             return out
         values, answered = branch_values(
             [wave.episodes[i] for i in outcome],
             [actions[i] for i in outcome],
             self.observer,
-            self.continuation_logits,
+            continuation_logits,
             self.generator,
             self.args.temperature,
             self.args.branch_limit,

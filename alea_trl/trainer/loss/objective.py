@@ -1,15 +1,15 @@
 """The Alea GRPO objective: the clipped-ratio policy loss over sampled actions, the exact KL to the reference over
-the legal options, and the proper-scoring report losses (the advantages it weighs are ``advantages.py``'s). Pure
+the legal options, and the proper-scoring report losses (the advantages it weighs are :mod:`~alea_trl.trainer.rollout.advantages`'s). Pure
 tensor functions, tested on hand-built tensors; the trainers and the benchmarks' unpacked loop call the same ones.
 
 Design decisions:
 1. The dense envs' samples and the outcome envs' samples are normalised separately (see
-   :func:`~alea_trl.trainer.policy_loss.policy_loss`).
+   :func:`~alea_trl.trainer.loss.policy.policy_loss`).
 2. One decision row holds up to k sampled actions (dense) or one replayed action (outcome); ``sample_mask`` marks the
    real ones. The default policy loss (``loss_type="grpo"``) is the mean over real samples of ``max(-A r, -A clip(r,
    1-eps_low, 1+eps_high))`` with ``r = exp(logp - old_logp)`` (PPO/GRPO, Schulman et al. 2017; Shao et al. 2024).
 3. The other ``loss_type`` terms and normalisations, the off-policy mask, the high-entropy mask and the entropy bonus
-   are TRL's, read over sampled actions (``policy_loss``, ``entropy``).
+   are TRL's, read over sampled actions (:mod:`~alea_trl.trainer.loss.policy`).
 4. The KL is exact, ``sum_a p(a) (log p(a) - log p_ref(a))`` over the legal actions, not a sampled estimator; it is a
    mean over the rows whose KL trains in this forward (``kl_report_mask``).
 5. Report losses are computed per question with the strictly proper rule of its qtype against the oracle target.
@@ -20,20 +20,17 @@ Design decisions:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ..collate import PackedBatch
-from ..losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
-from ..questions import ACT_QID, QTYPES
-from .all_actions import all_actions_loss
-from .entropy import act_entropy, high_entropy_samples
-from .mirror_update import mirror_loss
-from .policy_loss import Collectives, PolicyObjective, PolicyStats, policy_loss
+from ...collate import PackedBatch
+from ...losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
+from ...questions import ACT_QID, QTYPES
+from ..act import act_logits_of, fit_width
+from .dense import all_actions_loss, mirror_loss
+from .policy import Collectives, PolicyObjective, PolicyStats, act_entropy, high_entropy_samples, policy_loss
 
 
 # ---------------------------------------------------------------------------------------------------------- terms
@@ -99,15 +96,6 @@ def report_losses(output, batch: PackedBatch, targets: list[dict], taus) -> dict
     return {q: [loss for _, loss in sorted(scored[q], key=lambda x: x[0])] for q in QTYPES}
 
 
-def act_logits_of(output, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The act question's option logits of every decision, `(N, A)` padded with ``-inf``, and the legal mask."""
-    is_act = torch.tensor([q.qid == ACT_QID for qs in batch.questions for q in qs], device=output.choice_logits.device)
-    logits = output.choice_logits[is_act]  # (N, A_max over all choice questions)
-    legal = torch.isfinite(logits)
-    width = int(legal.sum(-1).max())
-    return logits[:, :width], legal[:, :width]
-
-
 @dataclass
 class LossTerms:
     """The parts of one forward's loss, for logging.
@@ -132,28 +120,62 @@ class LossTerms:
     entropy_bonus: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
-def _fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
-    """``x`` `(N, W)` cut or zero-padded to `(N, width)`."""
-    return x[:, :width] if x.shape[-1] >= width else F.pad(x, (0, width - x.shape[-1]))
+@dataclass(frozen=True)
+class ObjectiveSettings:
+    """The settings of :func:`grpo_loss` that stay fixed during a run.
+
+    Attributes:
+        temperature (`float`): the sampling temperature (the policy is ``softmax(logits / temperature)``).
+        epsilon_low, epsilon_high (`float`): the ratio clip range.
+        beta (`float`): weight of the KL term.
+        report_w (`float`): weight of the report loss.
+        taus (`tuple[float, ...]`): the regress head's quantile levels.
+        delta (`float`, *optional*), outcome_weight (`float`): see :func:`~alea_trl.trainer.loss.policy.policy_loss`
+            (the rows of outcome envs are ``inputs["outcome_rows"]``).
+        dense_update (`str`, defaults to `"all_actions"`): how the rows of ``inputs["all_actions_rows"]`` train:
+            ``"all_actions"`` (:func:`~alea_trl.trainer.loss.dense.all_actions_loss`) or ``"mirror"``
+            (:func:`~alea_trl.trainer.loss.dense.mirror_loss`, whose steps hold the reference term: those rows take no
+            separate ``beta`` x KL).
+        policy (`PolicyObjective`): ``loss_type`` and its settings, the off-policy mask threshold and
+            ``top_entropy_quantile``.
+    """
+
+    temperature: float
+    epsilon_low: float
+    epsilon_high: float
+    beta: float
+    report_w: float
+    taus: tuple[float, ...]
+    delta: float | None = None
+    outcome_weight: float = 1.0
+    dense_update: str = "all_actions"
+    policy: PolicyObjective = field(default_factory=PolicyObjective)
+
+    @classmethod
+    def from_args(cls, args, taus, epsilon_low: float, epsilon_high: float) -> ObjectiveSettings:
+        """The settings of an ``AleaEnvGRPOConfig`` (the clip range as ``GRPOTrainer`` resolved it)."""
+        return cls(
+            temperature=args.temperature,
+            epsilon_low=epsilon_low,
+            epsilon_high=epsilon_high,
+            beta=args.beta,
+            report_w=args.report_w,
+            taus=tuple(taus),
+            delta=args.delta,
+            outcome_weight=args.outcome_loss_weight,
+            dense_update=args.dense_update,
+            policy=PolicyObjective.from_args(args),
+        )
 
 
 def grpo_loss(
     output,
     batch: PackedBatch,
     inputs: dict,
+    settings: ObjectiveSettings,
     *,
-    temperature: float,
-    epsilon_low: float,
-    epsilon_high: float,
-    beta: float,
-    report_w: float,
-    taus: Sequence[float],
-    delta: float | None = None,
-    outcome_weight: float = 1.0,
-    objective: PolicyObjective | None = None,
     entropy_coef: float | None = None,
     collectives: Collectives | None = None,
-    dense_update: str = "all_actions",
 ) -> tuple[torch.Tensor, LossTerms]:
     """The whole objective of one forward: policy loss (- ``entropy_coef`` x the act entropy) + ``beta`` x exact KL +
     ``report_w`` x report loss.
@@ -161,31 +183,23 @@ def grpo_loss(
     Args:
         output (`AleaOutput`): the model's outputs for ``batch`` (with autograd).
         batch (`PackedBatch`): the decisions (only their ``questions`` are read).
-        inputs (`dict`): the loss inputs of the rows (see `alea_trl.trainer.loss_inputs.rows_to_inputs`):
+        inputs (`dict`): the loss inputs of the rows (see :func:`~alea_trl.trainer.rollout.rows.rows_to_inputs`):
             ``actions``, ``sample_mask``, ``old_logps``, ``advantages`` `(N, k)`; ``kl_report_mask`` `(N,)`;
             ``ref_logps`` `(N, A)`; ``targets`` (one dict per row).
-        temperature (`float`): the sampling temperature (the policy is ``softmax(logits / temperature)``).
-        epsilon_low, epsilon_high (`float`): the ratio clip range.
-        beta (`float`): weight of the KL term.
-        report_w (`float`): weight of the report loss.
-        taus (`Sequence[float]`): the regress head's quantile levels.
-        delta (`float`, *optional*), outcome_weight (`float`): see :func:`policy_loss` (the rows of outcome envs are
-            ``inputs["outcome_rows"]``).
-        objective (`PolicyObjective`, *optional*): ``loss_type`` and its settings, the off-policy mask threshold and
-            ``top_entropy_quantile`` (default: ``"grpo"``, no mask).
+        settings (`ObjectiveSettings`): temperature, clip range, weights and the update of each kind of row.
         entropy_coef (`float`, *optional*): weight of the entropy bonus, the mean act entropy of the decisions whose
             actions train here (and pass the high-entropy mask); ``None``: no bonus.
         collectives (`Collectives`, *optional*): cross-process operations (global sample counts, the entropy
             quantile); every process must call this function once per micro-batch. Default: one process.
-        dense_update (`str`, defaults to `"all_actions"`): how the rows of ``inputs["all_actions_rows"]`` train:
-            ``"all_actions"`` (:func:`all_actions_loss`) or ``"mirror"`` (:func:`mirror_loss`, whose steps hold the
-            reference term: those rows take no separate ``beta`` x KL).
 
     Returns:
         `(torch.Tensor, LossTerms)`: the loss and its parts.
     """
+    temperature, epsilon_low, epsilon_high = settings.temperature, settings.epsilon_low, settings.epsilon_high
+    beta, report_w, taus, dense_update = settings.beta, settings.report_w, settings.taus, settings.dense_update
+    objective = settings.policy
     device = output.choice_logits.device
-    act_logits, legal = act_logits_of(output, batch)  # (N, A)
+    act_logits, legal = act_logits_of(output.choice_logits, batch)  # (N, A)
     logp_all = torch.log_softmax(act_logits.float() / temperature, -1)  # (N, A)
     logp = logp_all.gather(1, inputs["actions"].to(device))  # (N, k)
     old_logp, advantages = inputs["old_logps"].to(device), inputs["advantages"].to(device)
@@ -193,13 +207,14 @@ def grpo_loss(
     all_rows = inputs["all_actions_rows"].to(device) if "all_actions_rows" in inputs else None
     if all_rows is not None:  # dense_update="all_actions": these rows' act trains by every legal action, not samples
         sample_mask = sample_mask & ~all_rows[:, None]
-    objective, collectives = objective or PolicyObjective(), collectives or Collectives()
+    collectives = collectives or Collectives()
     entropy = act_entropy(logp_all, legal) if entropy_coef is not None or objective.top_entropy_quantile < 1 else None
     keep = None
     if objective.top_entropy_quantile < 1.0:
         keep = high_entropy_samples(entropy, sample_mask, objective.top_entropy_quantile, collectives.gather)
     pg_loss, stats = policy_loss(
-        logp, old_logp, advantages, sample_mask, epsilon_low, epsilon_high, delta, outcome_rows, outcome_weight,
+        logp, old_logp, advantages, sample_mask, epsilon_low, epsilon_high, settings.delta, outcome_rows,
+        settings.outcome_weight,
         objective=objective, keep=keep, collectives=collectives,
     )  # fmt: skip
     mirror_rows = all_rows if all_rows is not None and dense_update == "mirror" else None
@@ -226,7 +241,7 @@ def grpo_loss(
     kl_report_mask = inputs["kl_report_mask"].to(device)  # (N,): rows whose KL and reports train here
     kl = torch.zeros(len(inputs["packed"]), device=device)  # (N,)
     if beta != 0.0:
-        ref_logp = _fit_width(inputs["ref_logps"].to(device), logp_all.shape[-1])  # (N, A)
+        ref_logp = fit_width(inputs["ref_logps"].to(device), logp_all.shape[-1])  # (N, A)
         kl = exact_kl(logp_all, ref_logp, legal) * kl_report_mask
         kl_mask = kl_report_mask if mirror_rows is None else kl_report_mask * ~mirror_rows  # mirror: folded in
         loss = loss + beta * (kl * kl_mask).sum() / kl_mask.sum().clamp(min=1.0)
@@ -270,14 +285,14 @@ def supervised_loss(
     Returns:
         `(torch.Tensor, torch.Tensor, dict)`: the loss, the act loss and the per-qtype report losses.
     """
-    act_logits, _ = act_logits_of(output, batch)  # (N, A)
+    act_logits, _ = act_logits_of(output.choice_logits, batch)  # (N, A)
     act_t = torch.nn.utils.rnn.pad_sequence([t.float().to(act_logits.device) for t in act_targets], batch_first=True)
     if act_t.shape[-1] > act_logits.shape[-1]:
         raise ValueError(
             f"supervised_loss: field 'act_targets': a target has {act_t.shape[-1]} entries, more than the "
             f"{act_logits.shape[-1]} legal actions of the widest decision"
         )
-    act_loss = choice_loss(act_logits, _fit_width(act_t, act_logits.shape[-1]))
+    act_loss = choice_loss(act_logits, fit_width(act_t, act_logits.shape[-1]))
     reports = report_losses(output, batch, targets, taus)
     report_loss, _ = mean_report_loss(reports, act_logits.device)
     return act_w * act_loss + report_w * report_loss, act_loss, reports
@@ -292,7 +307,7 @@ def mean_report_loss(reports: dict[str, list[torch.Tensor]], device) -> tuple[to
 __all__ = [
     "LossTerms",
     "PolicyStats",
-    "act_logits_of",
+    "ObjectiveSettings",
     "exact_kl",
     "grpo_loss",
     "policy_loss",

@@ -1,0 +1,128 @@
+"""The dense envs' updates over every legal action (``dense_update``): a dense env reports the exact expected
+reward of every legal action, not only of the k sampled ones, so a dense decision's act trains on all of them.
+Their advantages and steps are computed when the decision is made
+(:func:`~alea_trl.trainer.rollout.advantages.all_action_advantages`, :func:`~alea_trl.trainer.rollout.advantages.mirror_steps`);
+the losses are here.
+
+``dense_update="all_actions"`` (the default): every legal action's exact expected reward trains the act head, and an
+action better than the policy's average gets a step that does not shrink with its probability.
+
+1. A dense env reports the exact expected reward ``Q(a)`` of every legal action, not only of the k sampled ones. The
+   advantage of action ``a`` is ``(Q(a) - V) / scale`` with ``V = sum_b p(b) Q(b)`` the behaviour policy's expected
+   reward, and ``scale`` as ``scale_rewards`` says: the std of the decision's legal ``Q`` ("group"), the std of every
+   legal ``Q`` of that env's decisions in the wave ("batch": envs report rewards in their own units) or 1 ("none").
+   A decision whose legal actions are all worth the same has none.
+2. A decision's term is ``-sum_{A_a > 0} A_a log p(a) - sum_{A_a < 0} A_a p(a)``. The sampled policy gradient is in
+   expectation ``sum_a p(a) A_a grad log p(a)``: it shrinks with an action's probability (Mei et al. 2020), so a state
+   that took a neighbour's action through shared features can lose its best action for good (once its probability is
+   near 0 the k samples never contain it and the group carries no signal). Here an action better than average moves
+   its logit by ``A_a (1 - p(a))`` whatever its probability, as the natural policy gradient of a softmax does (Kakade
+   2001; Agarwal et al. 2021); an action worse than average takes the exact expected gradient, which fades as its
+   probability does, so an action already ruled out is not pushed further and the loss stays bounded. Both fade at
+   the deterministic optimum (there ``V`` is the best action's value: no action is better than average).
+3. PPO's clip per action on its ratio to the behaviour policy (``num_iterations > 1``): an action whose advantage is
+   positive and ratio above ``1 + epsilon_high`` (negative and below ``1 - epsilon_low``) stops training on this
+   batch.
+4. Each decision is one term, whatever its number of legal actions: the dense envs' loss is the mean over their
+   decisions, as the sampled update's is the mean over their samples.
+
+``dense_update="mirror"``: the act is trained toward a mirror-descent target over its legal actions.
+The objective of one dense decision is GRPO's, over the legal actions and with the exact expected rewards the env
+reports: ``J(pi) = sum_a pi(a) Q(a) / s - beta KL(pi || pi_ref)`` (``s`` the reward scale of ``scale_rewards``).
+
+5. The regularised reward of action ``a`` is ``r(a) = Q(a) / s - beta log(pi_old(a) / pi_ref(a))`` and its advantage
+   ``A(a) = r(a) - sum_b pi_old(b) r(b)``. The gradient of ``J`` with respect to the act logits at ``pi_old`` is
+   ``pi_old * A``; the KL to the reference is folded in here, so these decisions take no separate ``beta`` x KL term.
+6. The step on the log-probs is ``g(a) = w(a) A(a)`` with ``w(a) = (pi_old(a) + 1 / n) / 2`` (``n`` legal actions),
+   minus its mean over the legal actions (a shift of every logit changes no probability). Its inner product with the
+   gradient of ``J`` is ``sum_a pi_old(a) w(a) A(a)^2 >= 0``: every step ascends ``J`` to first order, whatever the
+   policy. It is zero exactly when ``A = 0`` on every legal action, i.e. at ``pi*(a) ~ pi_ref(a) exp(Q(a) / (s beta))``,
+   the optimum of ``J`` (at ``beta = 0`` the step never vanishes until the policy is greedy). The weights sum to 1 over
+   the legal actions, so ``|g| <= max |A|`` whatever their number; each action's weight is at least ``1 / (2 n)``, so
+   an action better than the policy's average gains on the others at a rate that does not fade with its probability
+   (the sampled gradient ``pi * A`` does: an improbable best action is never sampled, and never learnt).
+7. The loss regresses the centred log-probs onto the target ``log pi_old + g`` (centred): ``1/2 sum_a (lp(a) -
+   lp_old(a) - g(a))^2``. Its gradient at ``pi_old`` is ``-g``; its value is the squared logit distance still to go
+   (``1/2 |g|^2`` on the first pass, at most ``max A^2 / 2``), bounded and zero at the target; with
+   ``num_iterations > 1`` later passes approach the same target and stop there, so no ratio clip is needed.
+8. ``temperature`` divides the logits before the softmax (as in TRL): the target is on the log-probs of the sampled
+   policy, so its logit gradient scales by ``1 / temperature``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..act import fit_width
+
+
+def all_actions_loss(
+    logp_all: torch.Tensor,
+    old_logp_all: torch.Tensor,
+    advantages: torch.Tensor,
+    legal: torch.Tensor,
+    rows: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The all-actions policy loss of the decisions in ``rows`` (the mean of their terms, see the module docstring).
+
+    Args:
+        logp_all (`torch.Tensor` of shape `(N, A)`): current log-probs of the legal actions (with autograd).
+        old_logp_all, advantages (`torch.Tensor` of shape `(N, A')`): behaviour log-probs and advantages of each
+            row's legal actions, zero-padded (``A'`` may differ from ``A``: the widest row of another batch).
+        legal (`torch.Tensor` of shape `(N, A)`): which actions are legal.
+        rows (`torch.Tensor` of shape `(N,)`): the decisions trained by this update.
+        epsilon_low, epsilon_high (`float`): the ratio clip range.
+
+    Returns:
+        `(torch.Tensor, torch.Tensor, torch.Tensor)`: the loss (a scalar), the number of (decision, legal action)
+        terms the clip stopped and the sum over the decisions of the exact KL(behaviour || current) (no gradient).
+    """
+    width = logp_all.shape[-1]
+    old, adv = fit_width(old_logp_all, width), fit_width(advantages, width)
+    terms = legal & rows[:, None]
+    logp = logp_all.masked_fill(~terms, 0.0)
+    ratio = torch.exp(logp - old.masked_fill(~terms, 0.0))
+    clipped = ((adv > 0) & (ratio > 1 + epsilon_high)) | ((adv < 0) & (ratio < 1 - epsilon_low))
+    keep = terms & ~clipped
+    # A > 0: A log p (a step of A (1 - p) on the logit); A < 0: A p (the exact expected gradient, fading with p)
+    objective = torch.where(adv > 0, logp, logp.exp())
+    loss = -(adv * objective * keep).sum() / rows.sum().clamp(min=1)
+    with torch.no_grad():
+        kl = (old.exp() * (old - logp)).masked_fill(~terms, 0.0).sum()
+    return loss, (clipped & terms).sum().float(), kl
+
+
+def mirror_loss(
+    logp_all: torch.Tensor, old_logp_all: torch.Tensor, steps: torch.Tensor, legal: torch.Tensor, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mirror loss of the decisions in ``rows``: the mean over them of ``1/2 |lp - lp_old - g|^2`` on centred
+    log-probs of the legal actions.
+
+    Args:
+        logp_all (`torch.Tensor` of shape `(N, A)`): current log-probs (with autograd).
+        old_logp_all, steps (`torch.Tensor` of shape `(N, A')`): behaviour log-probs and the steps of
+            :func:`mirror_steps`, zero-padded (``A'`` may differ from ``A``: the widest row of another batch).
+        legal (`torch.Tensor` of shape `(N, A)`): which actions are legal.
+        rows (`torch.Tensor` of shape `(N,)`): the decisions trained by this update.
+
+    Returns:
+        `(torch.Tensor, torch.Tensor)`: the loss (a scalar) and the sum over the decisions of the exact
+        KL(behaviour || current) (no gradient).
+    """
+    width = logp_all.shape[-1]
+    old_logp_all, steps = fit_width(old_logp_all, width), fit_width(steps, width)
+    terms = legal & rows[:, None]
+    n_legal = legal.sum(-1, keepdim=True).clamp(min=1)
+    moved = (logp_all - old_logp_all.float()).masked_fill(~legal, 0.0)  # (N, A)
+    moved = (moved - moved.sum(-1, keepdim=True) / n_legal).masked_fill(~legal, 0.0)  # centred: shift-free
+    residual = (moved - steps).masked_fill(~terms, 0.0)
+    loss = 0.5 * residual.square().sum() / rows.sum().clamp(min=1)
+    with torch.no_grad():
+        old = old_logp_all.float()
+        kl = (old.exp() * (old - logp_all)).masked_fill(~terms, 0.0).sum()
+    return loss, kl
+
+
+__all__ = ["all_actions_loss", "mirror_loss"]

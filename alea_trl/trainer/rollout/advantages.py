@@ -1,0 +1,153 @@
+"""Advantages: how much better than expected each sampled action was.
+
+Design decisions:
+1. A group (a dense decision's k samples, or an outcome decision's k branched samples): ``(r - mean) / (std + 1e-4)``
+   over the group's values (``scale_rewards`` "group", "batch" or "none"; "batch" takes one std per env, since envs
+   report rewards in their own units). A group whose values are all equal has no signal and gets exactly zero.
+2. An outcome decision valued when its episode ends: its return (or return-to-go) against a window of that env's
+   recent ones (at the same step of an episode, for returns-to-go).
+3. A dense decision trained by every legal action (``dense_update``, see :mod:`~alea_trl.trainer.loss.dense`):
+   ``all_actions``: the advantage of action ``a`` is ``(Q(a) - V) / scale`` with ``V = sum_b p(b) Q(b)`` the behaviour
+   policy's expected reward and ``scale`` as ``scale_rewards`` says (:func:`reward_scale`); a decision whose legal
+   actions are all worth the same has none. ``mirror``: the log-prob step ``g`` toward the mirror-descent target.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+def group_advantages(
+    rewards: torch.Tensor, scale_rewards: str, batch_std: float | torch.Tensor | None = None
+) -> torch.Tensor:
+    """GRPO advantages of the k rewards of a decision (the last dimension; a `(D, k)` tensor holds D decisions):
+    centred on their mean, scaled as ``scale_rewards`` says. A group whose rewards are all equal has no signal and
+    gets exactly zero (rounding in the mean would otherwise be amplified by the scaling). With ``"batch"``,
+    ``batch_std`` is one float or a `(D, 1)` tensor (each decision's env's std, see `env_batch_std`)."""
+    centred = rewards - rewards.mean(-1, keepdim=True)
+    if scale_rewards == "group":
+        centred = centred / (rewards.std(-1, keepdim=True) + 1e-4)
+    elif scale_rewards == "batch":
+        centred = centred / ((batch_std if batch_std is not None else 0.0) + 1e-4)
+    no_signal = (rewards == rewards[..., :1]).all(-1, keepdim=True)
+    return centred.masked_fill(no_signal, 0.0)
+
+
+def env_batch_std(rewards: torch.Tensor, env_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The std of all the sampled rewards in a batch that belong to the same env, for each decision: `(D, 1)` from
+    `(D, k)` rewards and `(D,)` env ids. It is TRL's ``scale_rewards="batch"`` taken per env: the envs of a mix
+    report rewards in their own units (newsvendor in money, kelly in log growth), so one std over all of them would
+    leave every env but the largest-scale one with near-zero advantages. With ``mask`` `(D, k)`, only the entries it
+    marks count (each decision's legal actions)."""
+    out = torch.empty(rewards.shape[0], 1, dtype=rewards.dtype)
+    for env in env_ids.unique().tolist():
+        rows = env_ids == env
+        values = rewards[rows] if mask is None else rewards[rows][mask[rows]]
+        out[rows] = values.std() if values.numel() > 1 else 0.0
+    return out
+
+
+def outcome_advantage(ret: float, recent_returns: Sequence[float], scale: bool) -> float:
+    """Advantage of an outcome episode's return against its env's recent returns (which include it): centred on
+    their mean and, with ``scale``, divided by their std; 0 while fewer than two returns are known."""
+    window = np.asarray(recent_returns, dtype=np.float64)
+    if len(window) < 2:
+        return 0.0
+    adv = ret - window.mean()
+    if scale:
+        adv /= window.std() + 1e-4
+    return float(adv) if math.isfinite(adv) else 0.0
+
+
+def reward_scale(
+    rewards: torch.Tensor, legal: torch.Tensor, scale_rewards: str, env_ids: torch.Tensor
+) -> torch.Tensor:
+    """Each decision's reward scale `(N, 1)`, as ``scale_rewards`` says: the std of its legal ``Q`` (``"group"``), the
+    std of every legal ``Q`` of its env's decisions in the wave (``"batch"``: envs report rewards in their own units),
+    or 1 (``"none"``); ``1e-4`` is added to a std.
+
+    Args:
+        rewards (`torch.Tensor` of shape `(N, A)`): the exact expected reward of each action.
+        legal (`torch.Tensor` of shape `(N, A)`): which actions are legal.
+        scale_rewards (`str`): ``"group"``, ``"batch"`` or ``"none"``.
+        env_ids (`torch.Tensor` of shape `(N,)`): each decision's env.
+    """
+    q = rewards.masked_fill(~legal, 0.0)
+    if scale_rewards == "group":
+        n_legal = legal.sum(-1, keepdim=True)
+        mean = q.sum(-1, keepdim=True) / n_legal.clamp(min=1)
+        deviation = (q - mean).masked_fill(~legal, 0.0)
+        return (deviation.square().sum(-1, keepdim=True) / (n_legal - 1).clamp(min=1)).sqrt() + 1e-4
+    if scale_rewards == "batch":
+        return env_batch_std(q, env_ids, legal) + 1e-4
+    return torch.ones(len(q), 1)
+
+
+def all_action_advantages(
+    rewards: torch.Tensor, legal: torch.Tensor, logp: torch.Tensor, scale_rewards: str, env_ids: torch.Tensor
+) -> torch.Tensor:
+    """The advantages of every legal action of each decision (see the module docstring), `(N, A)`, zero where not
+    legal.
+
+    Args:
+        rewards (`torch.Tensor` of shape `(N, A)`): the exact expected reward of each action.
+        legal (`torch.Tensor` of shape `(N, A)`): which actions are legal.
+        logp (`torch.Tensor` of shape `(N, A)`): the behaviour policy's log-probs (their baseline ``V``).
+        scale_rewards (`str`): ``"group"``, ``"batch"`` or ``"none"`` (see :func:`reward_scale`).
+        env_ids (`torch.Tensor` of shape `(N,)`): each decision's env (``"batch"`` takes one std per env).
+    """
+    n_legal = legal.sum(-1, keepdim=True)
+    q = rewards.masked_fill(~legal, 0.0)
+    p = logp.exp().masked_fill(~legal, 0.0)
+    centred = (q - (p * q).sum(-1, keepdim=True) / p.sum(-1, keepdim=True)).masked_fill(~legal, 0.0)
+    scale = reward_scale(rewards, legal, scale_rewards, env_ids)
+    no_signal = (q == q[:, :1]).masked_fill(~legal, True).all(-1, keepdim=True) | (n_legal < 2)
+    return (centred / scale).masked_fill(no_signal, 0.0)
+
+
+def mirror_steps(
+    rewards: torch.Tensor,
+    legal: torch.Tensor,
+    old_logp: torch.Tensor,
+    scale: torch.Tensor,
+    beta: float = 0.0,
+    ref_logp: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The log-prob step ``g`` of each decision (see the module docstring), `(N, A)`, zero where not legal.
+
+    Args:
+        rewards (`torch.Tensor` of shape `(N, A)`): the exact expected reward ``Q`` of each action.
+        legal (`torch.Tensor` of shape `(N, A)`): which actions are legal.
+        old_logp (`torch.Tensor` of shape `(N, A)`): the behaviour policy's log-probs over the legal actions.
+        scale (`torch.Tensor` of shape `(N, 1)`): each decision's reward scale ``s``.
+        beta (`float`, defaults to `0.0`): weight of ``KL(pi || pi_ref)``.
+        ref_logp (`torch.Tensor` of shape `(N, A)`, *optional*): the reference policy's log-probs (needed when
+            ``beta != 0``).
+    """
+    if beta != 0.0 and ref_logp is None:
+        raise ValueError("mirror_steps: field 'ref_logp': needed when beta != 0")
+    old_logp = old_logp.float().masked_fill(~legal, 0.0)
+    p = old_logp.exp().masked_fill(~legal, 0.0)  # (N, A)
+    r = rewards.float().masked_fill(~legal, 0.0) / scale  # (N, A)
+    if beta != 0.0:
+        r = r - beta * (old_logp - ref_logp.float().masked_fill(~legal, 0.0))
+    advantage = (r - (p * r).sum(-1, keepdim=True) / p.sum(-1, keepdim=True)).masked_fill(~legal, 0.0)  # (N, A)
+    n_legal = legal.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
+    weight = ((p + 1.0 / n_legal) / 2).masked_fill(~legal, 0.0)  # (N, A), sums to 1 over the legal actions
+    step = weight * advantage
+    step = step - step.sum(-1, keepdim=True) / n_legal  # a common shift of the logits moves no probability
+    return step.masked_fill(~legal | (n_legal < 2), 0.0)
+
+
+__all__ = [
+    "all_action_advantages",
+    "env_batch_std",
+    "group_advantages",
+    "mirror_steps",
+    "outcome_advantage",
+    "reward_scale",
+]
