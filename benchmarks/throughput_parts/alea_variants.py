@@ -65,25 +65,29 @@ def packed_lengths(packed) -> tuple[list[int], list[int]]:
     return [len(p) for p in packed], [sum(p.position_ids) + len(p) for p in packed]
 
 
-def count_trainer_work(trainer: AleaEnvGRPOTrainer, runner: Runner) -> None:
-    """Record what the trainer's steps answer: per step, the fresh env decisions and the replayed ones the loss
-    forward takes (``rollout.replays_and_wave``), their packed tokens, the fresh ones left waiting to be replayed;
-    the reference's forwards (``beta != 0``) and branch continuations (the no-grad forwards: actions are sampled
-    from the loss forward, so the only no-grad forwards are continuations), counted by the policy forward's collate
-    hook."""
-    rollout, shared = trainer.rollout, trainer.policy_forward.shared_trunk_layer
-    take = rollout.replays_and_wave
-    count_deferred(rollout, runner)
+def deferred_rows(rows) -> int:
+    """The fresh decisions of ``rows`` left waiting for their episode's end (replayed once later)."""
+    return sum(1 for row in rows if row is not None and not row.ready)
 
-    def replays_and_wave(n):
-        replay, wave = take(n)
+
+def count_trainer_work(trainer: AleaEnvGRPOTrainer, runner: Runner) -> None:
+    """Record what the trainer's steps answer, from the rollout's and the policy forward's public hooks: per step, the
+    fresh env decisions and the replayed ones each loss forward takes, their packed tokens, the fresh ones left
+    waiting to be replayed; the reference's forwards (``beta != 0``) and branch continuations (the no-grad
+    forwards: actions are sampled from the loss forward, so the only no-grad forwards are continuations)."""
+    shared = trainer.policy_forward.shared_trunk_layer
+
+    def loss_forward(replay, wave):
         if runner.measuring:
             runner.count(len(wave.packed), len(replay))
             lengths, ctx = packed_lengths([row.packed for row in replay] + wave.packed)
             runner.work.forward(lengths, grad=True, ctx=ctx)
             if trainer.beta != 0.0:  # the reference: the trained layers on the policy's trunk, else a whole copy
                 runner.work.forward(lengths, grad=False, ctx=ctx, layers="all" if shared is None else "trained")
-        return replay, wave
+
+    def deferred(rows):
+        if runner.measuring:
+            runner.deferred(deferred_rows(rows))
 
     def continuations(packed, batch):
         if runner.measuring and not torch.is_grad_enabled():
@@ -91,21 +95,9 @@ def count_trainer_work(trainer: AleaEnvGRPOTrainer, runner: Runner) -> None:
             runner.work.forward(lengths, grad=False, ctx=ctx)
             runner.work.add("continuation_decisions", len(packed))
 
-    rollout.replays_and_wave = replays_and_wave
+    trainer.rollout.add_hook("forward", loss_forward)
+    trainer.rollout.add_hook("advanced", deferred)
     trainer.policy_forward.add_collate_hook(continuations)
-
-
-def count_deferred(rollout: Rollout, runner: Runner) -> None:
-    """Count the fresh decisions ``rollout.advance`` leaves waiting for their episode's end (replayed once later)."""
-    advance = rollout.advance
-
-    def counted(wave, logits, ref_logits=None, **kwargs):
-        rows = advance(wave, logits, ref_logits, **kwargs)
-        if runner.measuring:
-            runner.deferred(sum(1 for row in rows if row is not None and not row.ready))
-        return rows
-
-    rollout.advance = counted
 
 
 def packed_body(models: Models, tokenizer, k: int, opts):
@@ -279,7 +271,12 @@ def unpacked_body(models: Models, tokenizer, k: int, opts, chunk_tokens: int):
         model = models.fresh_alea(args.train_mode, args.tail_k)  # trains what the trainer trains in (a)
         loop = UnpackedLoop(model, tokenizer, k, opts, args, chunk_tokens)
         loop.runner = runner
-        count_deferred(loop.rollout, runner)
+
+        def deferred(rows):
+            if runner.measuring:
+                runner.deferred(deferred_rows(rows))
+
+        loop.rollout.add_hook("advanced", deferred)
         runner.probe.attach_backbone(model.backbone)
         runner.probe.attach(model, "alea")
         prefill(loop.rollout, opts.prefill_waves)

@@ -104,6 +104,15 @@ class Rollout:
         self.observer = Observer(tokenizer, args, self.stats, lambda ep: self.pool.reset_episode(ep))
         # the decisions whose branching failed or was capped, counted by cause (and envs that cannot be copied)
         self.branch_fallbacks = BranchFallbacks(args.on_env_error)
+        self.hooks: dict[str, list[Callable]] = {"forward": [], "advanced": []}
+
+    def add_hook(self, event: str, hook: Callable) -> None:
+        """Call ``hook`` at ``event``: ``"forward"`` with ``(replay, wave)``, the decisions one loss forward answers
+        when actions are sampled from it (:meth:`replays_and_wave`); ``"advanced"`` with the rows :meth:`advance`
+        made (e.g. to count what a step does; a hook must not change them)."""
+        if event not in self.hooks:
+            raise ValueError(f"Rollout.add_hook: field 'event': one of {sorted(self.hooks)}, got {event!r}")
+        self.hooks[event].append(hook)
 
     # ------------------------------------------------------------------------------------------------- collection
     def collect(
@@ -139,6 +148,8 @@ class Rollout:
             replay = self.take(n)
             wave = self.observe_wave(n - len(replay))
             if replay or wave.episodes:
+                for hook in self.hooks["forward"]:
+                    hook(replay, wave)
                 return replay, wave
         raise RuntimeError(
             "rollout: 1000 waves produced no decision; every decision is being skipped (see skipped_decisions)"
@@ -209,6 +220,8 @@ class Rollout:
             if v is not None:
                 values[i, : len(v)] = torch.tensor(v, dtype=values.dtype)
         self._set_group_advantages(wave, rows, values, draw.width)
+        for hook in self.hooks["advanced"]:
+            hook(rows)
         return rows
 
     def _draw(self, wave: Wave, logits, ref_logits) -> _Draw:
