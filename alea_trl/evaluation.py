@@ -176,6 +176,8 @@ def evaluation_sums(
         for j in range(len(live)):
             if j not in dropped:
                 add(f"{name}/return", returns[j])
+                if live[j].reached_goal is not None:  # goal-reaching envs: the share of episodes that reach it
+                    add(f"{name}/goal_share", float(live[j].reached_goal))
         for qid in {q.qid for q, _ in regress_seen}:
             pooled = np.concatenate([t for q, t in regress_seen if q.qid == qid])
             climatology = torch.tensor(np.quantile(pooled, taus), dtype=torch.float32)
@@ -242,7 +244,9 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
     """A plain-text table of :func:`evaluate_policy` results: one row per env, returns and normalised score, dense
     envs' expected score and regret, and the skill of each report qtype."""
     qtypes = ("choice", "score", "noul", "regress")
+    goals = any("goal_share" in row for row in table.values())  # a column only when an env has a goal
     header = f"{'env':<12}{'policy':>10}{'random':>10}{'oracle':>10}{'norm.score':>11}{'exp.score':>10}{'regret':>9}"
+    header += f"{'goal':>8}" if goals else ""
     header += "".join(f"{'skill/' + q:>15}" for q in qtypes)
     lines = [header, "-" * len(header)]
 
@@ -253,6 +257,7 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
     for env, row in table.items():
         line = f"{env:<12}" + cell(row, "return", 10) + cell(row, "random", 10) + cell(row, "oracle", 10)
         line += cell(row, "normalized_score", 11) + cell(row, "expected_score", 10) + cell(row, "regret", 9)
+        line += cell(row, "goal_share", 8) if goals else ""
         line += "".join(cell(row, f"skill/{q}", 15) for q in qtypes)
         lines.append(line)
     return "\n".join(lines)

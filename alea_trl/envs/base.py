@@ -48,6 +48,9 @@ class AleaEnv:
     name: str = "env"
     dense: bool = False
     action_rewards_to_go: bool = False  # action_rewards() are returns-to-go (True) or this step's rewards (False)
+    # goal-reaching envs: whether the episode reached its goal (terminated there, not cut off by a time limit or
+    # ended another way); None for envs without a goal. Evaluation and training logs report the share of episodes.
+    reached_goal: bool | None = None
 
     def __init__(self):
         self.rng: np.random.Generator | None = None

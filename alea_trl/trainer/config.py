@@ -271,6 +271,13 @@ class AleaEnvGRPOConfig(GRPOConfig):
         default="grpo",
         metadata={"help": "Policy-loss formulation; 'grpo' (= 'bnpo' = 'luspo' here): the mean over sampled actions."},
     )
+    delta: float | None = field(
+        default=4.0,
+        metadata={
+            "help": "Two-sided clipping: the unclipped ratio term is capped at delta, which bounds a stale replay's "
+            "loss under a negative advantage (None: off)."
+        },
+    )
     num_generations: int | None = field(default=8, metadata={"help": "k: actions sampled per decision."})
     num_generations_per_env: dict[str, int] | str | None = field(
         default=None,

@@ -145,7 +145,7 @@ def check_inherited_fields(config) -> None:
             _fail(name, f"{why}; got {value!r}", fix)
     for name, (switch, on, what) in NEEDS_SWITCH.items():
         value = getattr(config, name)
-        if value != defaults[name] and not on(getattr(config, switch)):
+        if value != defaults[name] and value is not None and not on(getattr(config, switch)):
             _fail(
                 name,
                 f"only acts with {what} (here {switch}={getattr(config, switch)!r}); got {value!r}",

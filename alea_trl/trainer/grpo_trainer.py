@@ -225,13 +225,12 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         return self.args.sample_in_loss_forward and self.num_iterations == 1
 
     def _continuation_logits(self, packed) -> torch.Tensor:
-        """Act logits `(N, A)` of the current policy (eval mode, no gradient) for branch continuations."""
+        """Act logits `(N, A)` of the current policy (no gradient) for branch continuations, in the mode of the
+        forward that sampled the branched actions (train mode in the loss forward, eval mode in a rollout wave), so a
+        backbone with dropout plays its branches with the policy whose actions they value."""
         policy = self.accelerator.unwrap_model(self.model)
-        was_training = policy.training
-        policy.eval()
         with torch.no_grad(), self.compute_loss_context_manager():
             result = self.policy_forward(policy, policy, packed, with_reference=False)
-        policy.train(was_training)
         return result.act_logits()
 
     def _generate_and_score_completions(self, generation_batch):

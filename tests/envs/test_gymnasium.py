@@ -286,3 +286,41 @@ def test_readme_gymnasium_example_runs(tiny_model_factory, tokenizer, tmp_path):
     trainer.train()
     logged = {k for h in trainer.state.log_history for k in h}
     assert {f"env/{e}/regret" for e in args.envs} <= logged, logged
+
+
+# ---------------------------------------------------------------------------------------------------- goal share
+@pytest.mark.parametrize("name", ["gym-frozenlake-4x4", "gym-taxi", "gym-cliffwalking"])
+def test_reached_goal_is_the_terminal_goal_not_a_time_limit(name):
+    """An episode reached its goal exactly when it ended on it: FrozenLake's G (its only reward, 1), Taxi's delivery
+    (the +20), CliffWalking's G (bottom right); random play cut off by the time limit did not. Blackjack reports none
+    (its return already says how often a hand is won)."""
+    goal_seen = 0
+    for policy in ("oracle", "random"):
+        env = make_env(name)
+        for i in range(40):
+            env.reset(np.random.default_rng([i, policy == "oracle"]))
+            assert env.reached_goal is False
+            last = 0.0
+            while not env.done:
+                a = env.oracle_action() if policy == "oracle" else int(env.rng.integers(env.observe().n_legal))
+                last, _ = env.step(a)
+            on_goal = {
+                "gym-frozenlake-4x4": last == 1.0,
+                "gym-taxi": last == 20.0,
+                "gym-cliffwalking": int(env.unwrapped.s) == 47,
+            }[name]
+            assert env.reached_goal == on_goal
+            goal_seen += on_goal
+    assert goal_seen > 0  # the oracle reaches it
+    assert make_env("gym-blackjack").reset(np.random.default_rng(0)).reached_goal is None
+
+
+def test_evaluation_reports_the_goal_share_of_goal_reaching_envs_only(tiny_model_factory, tokenizer):
+    from alea_trl.evaluation import evaluate_policy, format_table
+    from alea_trl.trainer.outputs.model_card import evaluation_table
+
+    table = evaluate_policy(tiny_model_factory(), tokenizer, ["gym-frozenlake-4x4", "kelly"], episodes=6)
+    assert 0.0 <= table["gym-frozenlake-4x4"]["goal_share"] <= 1.0 and "goal_share" not in table["kelly"]
+    assert "goal" in format_table(table).splitlines()[0] and "goal" in evaluation_table(table).splitlines()[0]
+    plain = {"kelly": table["kelly"]}
+    assert "goal" not in format_table(plain).splitlines()[0] and "goal" not in evaluation_table(plain)

@@ -445,3 +445,29 @@ def test_moe_backbone_is_refused_unless_router_aux_loss_coef_is_zero(tokenizer, 
         AleaEnvGRPOTrainer(model, args=make_args(envs=["named_best"]), **kwargs)
     trainer = AleaEnvGRPOTrainer(model, args=make_args(envs=["named_best"], router_aux_loss_coef=0.0), **kwargs)
     assert not trainer.aux_loss_enabled
+
+
+# ------------------------------------------------------------------------------------------------- stale replays
+def test_the_default_delta_bounds_a_stale_replay(make_args):
+    """A replayed outcome action whose probability grew 50-fold since it was sampled, with A = -1: without a cap its
+    term is 50; the default ``delta`` (4) bounds it, and an on-policy sample is untouched."""
+    args = make_args()
+    assert args.delta == 4.0
+    logp, mask, outcome = torch.tensor([[math.log(0.5)]]), torch.ones(1, 1, dtype=torch.bool), torch.tensor([True])
+
+    def term(ratio, delta):
+        old = logp - math.log(ratio)
+        loss, _ = policy_loss(logp, old, torch.tensor([[-1.0]]), mask, 0.2, 0.2, delta, outcome, 1.0)
+        return loss.item()
+
+    assert term(50.0, None) == pytest.approx(50.0) and term(50.0, args.delta) == pytest.approx(4.0)
+    assert term(1.0, args.delta) == pytest.approx(term(1.0, None))
+    assert make_args(delta=None, loss_type="cispo", dense_update="sampled").delta is None  # off, with any loss
+
+
+def test_replay_ratios_are_logged(tiny_model, tokenizer, make_args):
+    args = make_args(envs=["three_in_a_row"], max_steps=6, outcome_advantage="rtg")
+    trainer = AleaEnvGRPOTrainer(tiny_model(), args=args, processing_class=tokenizer, env_factories=TOY_FACTORIES)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "replay/ratio_max" in h]
+    assert logged and all(h["replay/ratio_max"] >= h["replay/ratio_p90"] > 0 for h in logged)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from alea_trl import AleaEnvGRPOTrainer
 from alea_trl.envs import make_env
 from alea_trl.trainer.rollout import Rollout
 from alea_trl.trainer.rollout.pool import EpisodePool
@@ -54,3 +55,17 @@ def test_an_env_whose_action_rewards_are_step_rewards_logs_the_policys_expected_
     stats = _returns(tokenizer, make_args, "named_best", NamedBestEnv, 20)
     np.testing.assert_allclose(stats["return"], 0.25, rtol=1e-6)
     assert np.mean(stats["return_best_of_k"]) > 0.5  # 1 - (3/4)^4 = 0.68 in expectation
+
+
+def test_training_logs_the_goal_share_of_goal_reaching_envs(tiny_model, tokenizer, make_args):
+    # on-policy advance: the untrained policy falls into a hole or reaches G within a few steps
+    args = make_args(envs=["gym-frozenlake-4x4", "kelly"], max_steps=16, eps_per_env=2, dense_advance="sample")
+    trainer = AleaEnvGRPOTrainer(tiny_model(), args=args, processing_class=tokenizer)
+    trainer.train()
+    shares = [
+        h["env/gym-frozenlake-4x4/goal_share"]
+        for h in trainer.state.log_history
+        if "env/gym-frozenlake-4x4/goal_share" in h
+    ]
+    assert shares and all(0.0 <= s <= 1.0 for s in shares)
+    assert not any("env/kelly/goal_share" in h for h in trainer.state.log_history)

@@ -1,9 +1,11 @@
 """The GRPO loss terms on hand-built tensors."""
 
+import numpy as np
+import pytest
 import torch
 
 from alea_trl.trainer.loss import exact_kl, policy_loss
-from alea_trl.trainer.rollout.advantages import env_batch_std, group_advantages
+from alea_trl.trainer.rollout.advantages import env_batch_std, group_advantages, outcome_advantage
 
 
 def test_policy_gradient_equals_group_baseline_reinforce_at_ratio_one():
@@ -202,3 +204,15 @@ def test_batch_scaling_is_per_env_and_invariant_to_each_envs_units():
     # one std over the whole mixed batch would not be invariant: the large-unit env swamps the others
     pooled = group_advantages(scaled, "batch", float(scaled.std()))
     assert pooled[env_ids == 1].abs().max() < 0.05 * mixed[env_ids == 1].abs().max()
+
+
+def test_an_outcome_return_is_judged_against_the_others_only():
+    """Leave-one-out: the baseline is the mean of the other recent returns, so the advantage moves one for one with the
+    return it judges (with the own return in the mean it would move by (n - 1) / n, and be +-1 x scale at n = 2)."""
+    others = [0.0, 1.0, 2.0]
+    for ret in (-3.0, 1.0, 10.0):
+        assert outcome_advantage(ret, [*others, ret], scale=False) == pytest.approx(ret - 1.0)
+    assert outcome_advantage(5.0, [5.0], scale=False) == 0.0  # no other return yet: no baseline
+    small, large = outcome_advantage(1.0, [0.0, 1.0], True), outcome_advantage(1.0, [0.0, 0.0, 0.0, 1.0], True)
+    assert small == pytest.approx(1.0 / (0.5 + 1e-4))  # scaled by the std of the whole window
+    assert large == pytest.approx(1.0 / (float(np.std([0.0, 0.0, 0.0, 1.0])) + 1e-4))

@@ -266,6 +266,7 @@ def with_all_actions(stats: PolicyStats, n_clipped, n_terms, kl_sum, n_rows) -> 
         approx_kl=(stats.approx_kl * n_samples.clamp(min=1) + kl_sum) / (n_samples + n_rows).clamp(min=1),
         n_outcome=stats.n_outcome,
         n_samples=stats.n_samples,
+        ratio_outcome=stats.ratio_outcome,
     )
 
 

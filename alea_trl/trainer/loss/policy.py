@@ -204,6 +204,8 @@ class PolicyStats:
             (Schulman, "Approximating KL divergence", 2020).
         n_outcome (`float`): outcome samples in the batch.
         n_samples (`torch.Tensor`): real samples in the batch (the denominator of ``clip_ratio`` and ``approx_kl``).
+        ratio_outcome (`torch.Tensor`, *optional*): the importance ratios ``r`` of the outcome envs' real samples
+            (replays, whose behaviour policy may be several steps old, and branched decisions), `(n_outcome,)`.
     """
 
     clip_ratio: torch.Tensor
@@ -211,6 +213,7 @@ class PolicyStats:
     approx_kl: torch.Tensor
     n_outcome: float
     n_samples: torch.Tensor | None = None
+    ratio_outcome: torch.Tensor | None = None
 
 
 def policy_loss(
@@ -281,6 +284,7 @@ def policy_loss(
             approx_kl=((log_ratio.exp() - 1) - log_ratio).sum() / n_real,
             n_outcome=float(n_outcome),
             n_samples=sample_mask.sum(),
+            ratio_outcome=log_ratio[sample_mask & outcome].exp(),
         )
     return loss, stats
 

@@ -22,7 +22,7 @@ from .metrics import gathered_means
 
 
 # figures ``evaluate()`` logs per env (``eval_<env>/<figure>``); report / skill / baseline figures take a qtype
-ENV_FIGURES = ("return", "random", "oracle", "normalized_score", "expected_score", "regret", "skipped")
+ENV_FIGURES = ("return", "random", "oracle", "normalized_score", "expected_score", "regret", "goal_share", "skipped")
 QTYPE_FIGURES = ("report", "skill", "baseline")
 
 

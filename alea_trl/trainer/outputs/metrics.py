@@ -51,11 +51,13 @@ def gathered_means(accelerator, sums: dict[str, tuple[float, float]]) -> dict[st
 
 def rollout_sums(stats: dict[str, list[float]], env_names: list[str]) -> dict[str, tuple[float, float]]:
     """(sum, count) pairs of a rollout's statistics: per env the episode return (and the realised return of dense
-    episodes advanced by the best of k), the regret and the entropy of the act distribution (means over decisions or
+    episodes advanced by the best of k, and the share of episodes that reached their goal in goal-reaching envs), the regret and the entropy of the act distribution (means over decisions or
     episodes), and the totals of skipped decisions, env errors, branched decisions and their continuation decisions,
     and of the decisions whose branching failed (``branch/failed``, and by cause ``branch/failed/<cause>``) or hit
     ``branch_max_rounds`` (``branch/capped``)."""
-    keys = [f"env/{e}/{m}" for e in env_names for m in ("return", "return_best_of_k", "regret", "entropy")]
+    keys = [
+        f"env/{e}/{m}" for e in env_names for m in ("return", "return_best_of_k", "goal_share", "regret", "entropy")
+    ]
     sums = {k: (sum(stats.get(k, [])), len(stats.get(k, []))) for k in keys}
     totals = ["skipped_decisions", "env_errors", "branch/decisions", "branch/continuation_decisions"]
     totals += ["branch/failed", *(f"branch/failed/{cause}" for cause in FAILURE_CAUSES), "branch/capped"]
@@ -66,8 +68,10 @@ def rollout_sums(stats: dict[str, list[float]], env_names: list[str]) -> dict[st
 
 def loss_sums(terms, env_index: torch.Tensor, env_names: list[str]) -> dict[str, tuple[float, float]]:
     """(sum, count) pairs of one forward's loss terms (one device sync): the policy, KL and report losses, the clip
-    ratio (all samples, and ``clip_ratio/replay`` over the outcome envs' samples), ``approx_kl`` to the behaviour
-    policy, the report loss per qtype and the KL per env.
+    ratio (all samples, and ``clip_ratio/replay`` over the outcome envs' samples), the 90% quantile and the largest
+    importance ratio of the outcome envs' samples (``replay/ratio_p90``, ``replay/ratio_max``: how stale replays
+    are; each process's figure, averaged over processes), ``approx_kl`` to the behaviour policy, the report loss per
+    qtype and the KL per env.
 
     Args:
         terms (`LossTerms`): the loss's parts (see `alea_trl.trainer.loss.objective.grpo_loss`).
@@ -82,6 +86,11 @@ def loss_sums(terms, env_index: torch.Tensor, env_names: list[str]) -> dict[str,
     values = [terms.policy.detach(), kl.sum() / max(n_kl, 1.0), terms.report.detach(), stats.clip_ratio]
     values += [stats.clip_ratio_outcome, stats.approx_kl]
     counts = [1.0, 1.0 if n_kl > 0 else 0.0, 1.0 if terms.has_reports else 0.0, 1.0, float(stats.n_outcome > 0), 1.0]
+    ratios = stats.ratio_outcome
+    has_ratios = ratios is not None and ratios.numel() > 0
+    names += ["replay/ratio_p90", "replay/ratio_max"]
+    values += [ratios.float().quantile(0.9), ratios.max()] if has_ratios else [kl.new_zeros(()), kl.new_zeros(())]
+    counts += [float(has_ratios)] * 2
     for q in QTYPES:
         names.append(f"report/{q}")
         values.append(torch.stack(terms.reports[q]).detach().sum() if terms.reports[q] else kl.new_zeros(()))

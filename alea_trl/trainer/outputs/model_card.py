@@ -92,10 +92,16 @@ METRICS = {  # table column -> (model-index metric type, readable name)
     "normalized_score": ("normalized_score", "normalised score (random 0, oracle 1)"),
     "expected_score": ("expected_score", "normalised score from exact expected rewards"),
     "regret": ("regret", "regret per decision"),
+    "goal_share": ("goal_share", "share of episodes that reach the goal"),
     **{f"skill/{q}": (f"skill_{q}", f"report skill ({q})") for q in ("choice", "score", "noul", "regress")},
 }
 COLUMNS = {"return": "policy", "random": "random", "oracle": "oracle", "normalized_score": "norm.score"}
-COLUMNS |= {"expected_score": "exp.score", "regret": "regret", **{k: k for k in list(METRICS)[4:]}}
+COLUMNS |= {
+    "expected_score": "exp.score",
+    "regret": "regret",
+    "goal_share": "goal",
+    **{k: k for k in list(METRICS)[5:]},
+}
 RULES = {"choice": "log score", "score": "ranked probability score", "noul": "Brier score", "regress": "pinball loss"}
 INTRO = (
     "An `alea_trl` model: a decoder that reads an environment's state once and answers every question about it (the "
@@ -221,10 +227,13 @@ def questions_table(env_factories: dict) -> tuple[str, set[str]]:
 
 
 def evaluation_table(table: dict[str, dict[str, float]]) -> str:
-    """The evaluation as a markdown table (``–`` where a figure does not apply)."""
-    rows = ["| env | " + " | ".join(COLUMNS.values()) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    """The evaluation as a markdown table (``–`` where a figure does not apply; the goal column only when an env has a
+    goal)."""
+    goals = any("goal_share" in row for row in table.values())
+    columns = {c: name for c, name in COLUMNS.items() if c != "goal_share" or goals}
+    rows = ["| env | " + " | ".join(columns.values()) + " |", "|---" * (len(columns) + 1) + "|"]
     for env, row in table.items():
-        cells = [f"{row[c]:.3f}" if c in row and row[c] == row[c] else "–" for c in COLUMNS]
+        cells = [f"{row[c]:.3f}" if c in row and row[c] == row[c] else "–" for c in columns]
         rows.append(f"| {env} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

@@ -5,7 +5,9 @@ Design decisions:
    over the group's values (``scale_rewards`` "group", "batch" or "none"; "batch" takes one std per env, since envs
    report rewards in their own units). A group whose values are all equal has no signal and gets exactly zero.
 2. An outcome decision valued when its episode ends: its return (or return-to-go) against a window of that env's
-   recent ones (at the same step of an episode, for returns-to-go).
+   recent ones (at the same step of an episode, for returns-to-go), leave-one-out: the baseline is the mean of the
+   others, so it does not move with the return it judges (with the own return in the mean, an advantage shrinks by
+   ``(n - 1) / n`` and is always ``+-1`` x scale at ``n = 2``).
 3. A dense decision trained by every legal action (``dense_update``, see :mod:`~alea_trl.trainer.loss.dense`):
    ``all_actions``: the advantage of action ``a`` is ``(Q(a) - V) / scale`` with ``V = sum_b p(b) Q(b)`` the behaviour
    policy's expected reward and ``scale`` as ``scale_rewards`` says (:func:`reward_scale`); a decision whose legal
@@ -52,12 +54,13 @@ def env_batch_std(rewards: torch.Tensor, env_ids: torch.Tensor, mask: torch.Tens
 
 
 def outcome_advantage(ret: float, recent_returns: Sequence[float], scale: bool) -> float:
-    """Advantage of an outcome episode's return against its env's recent returns (which include it): centred on
-    their mean and, with ``scale``, divided by their std; 0 while fewer than two returns are known."""
+    """Advantage of an outcome episode's return against its env's recent returns (the last of which is its own):
+    ``ret`` minus the mean of the *others* (leave-one-out: its own return does not pull the baseline towards it) and,
+    with ``scale``, divided by the std of the whole window; 0 while no other return is known."""
     window = np.asarray(recent_returns, dtype=np.float64)
     if len(window) < 2:
         return 0.0
-    adv = ret - window.mean()
+    adv = ret - window[:-1].mean()
     if scale:
         adv /= window.std() + 1e-4
     return float(adv) if math.isfinite(adv) else 0.0

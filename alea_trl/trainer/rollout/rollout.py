@@ -389,7 +389,10 @@ class Rollout:
         ``return`` (under best of k, the return of the episode as it was advanced, also ``return_best_of_k``)."""
         pending, name, rewards, dense, policy_ret = ep.pending, ep.env_name, ep.rewards, ep.env.dense, ep.policy_ret
         values_to_go = bool(getattr(ep.env, "action_rewards_to_go", False))
+        reached_goal = getattr(ep.env, "reached_goal", None)
         ret = self.pool.finish(ep)
+        if reached_goal is not None:
+            self.stats[f"env/{name}/goal_share"].append(float(reached_goal))
         if dense and self.args.dense_advance == "best_of_k":
             self.stats[f"env/{name}/return"].append(ret if values_to_go else policy_ret)
             self.stats[f"env/{name}/return_best_of_k"].append(ret)
