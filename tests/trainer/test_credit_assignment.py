@@ -227,12 +227,12 @@ def test_an_env_that_cannot_be_copied_falls_back_to_reward_to_go_with_one_warnin
     assert len(rollout.take(10)) == 6
 
 
-def _p_right(model, tokenizer, n=200, seed=123):
+def _p_right(model, tokenizer, n=200, seed=123, n_options=3, n_rounds=3):
     """Mean probability of the named colour over fresh decisions at every round of three_in_a_row."""
     envs = []
     for i in range(n):
-        env = ThreeInARowEnv().reset(np.random.default_rng([seed, i]))
-        for _ in range(i % 3):  # rounds 1, 2 and 3, on the right path
+        env = ThreeInARowEnv(n_options, n_rounds).reset(np.random.default_rng([seed, i]))
+        for _ in range(i % n_rounds):  # every round, on the right path
             env.step(env.best)
         envs.append(env)
     answers = model.predict([e.observe() for e in envs], tokenizer, batch_size=100)

@@ -45,13 +45,15 @@ class NamedBestEnv(AleaEnv):
 
 
 class ThreeInARowEnv(AleaEnv):
-    """Outcome: three decisions; the return is 1 only if all three pick the named option (chance 1/n^3)."""
+    """Outcome: ``n_rounds`` decisions (three by default); the return is 1 only if all of them pick the named option
+    (chance 1/n^rounds). With ``immediate`` each right pick is rewarded at once instead (1/rounds a round), the same
+    task with dense credit, to compare against."""
 
     name, dense = "three_in_a_row", False
 
-    def __init__(self, n_options: int = 3):
+    def __init__(self, n_options: int = 3, n_rounds: int = 3, immediate: bool = False):
         super().__init__()
-        self.n_options = n_options
+        self.n_options, self.n_rounds, self.immediate = n_options, n_rounds, immediate
 
     def _reset(self, rng):
         self.options = [COLOURS[i] for i in rng.permutation(len(COLOURS))[: self.n_options]]
@@ -60,7 +62,7 @@ class ThreeInARowEnv(AleaEnv):
 
     def _observe(self):
         return Decision(
-            f"The winning colour is {self.options[self.best]}. Round {self.t + 1} of 3.",
+            f"The winning colour is {self.options[self.best]}. Round {self.t + 1} of {self.n_rounds}.",
             [Question("act", "choice", "Which colour do you pick?", options=self.options, env=self.name)],
             env=self.name,
         )
@@ -74,6 +76,7 @@ class ThreeInARowEnv(AleaEnv):
     def _step(self, action):
         self.hits += int(action == self.best)
         self.t += 1
-        if self.t == 3:
-            return float(self.hits == 3), True
-        return 0.0, False
+        done = self.t == self.n_rounds
+        if self.immediate:
+            return float(action == self.best) / self.n_rounds, done
+        return float(done and self.hits == self.n_rounds), done
