@@ -74,10 +74,14 @@ this model on these episodes, against which the GRPO figures here are read.
 Torch runs on one thread by default (``--threads``): on a CPU shared with other work, extra threads spin-wait for a
 core and slow a run down several times. On an idle machine ``--threads 2`` is faster, but its float reductions run in
 another order, so a run does not repeat the 1-thread run's numbers.
-``--budget_s`` (default 840 s) ends a run at an evaluation when the next block of steps would pass it, so the default
-command finishes within 15 minutes. The learning-rate schedule still spans ``--steps``, so a run cut short stops with
-its rate high, part way through: on a 2-core CPU the 1500 steps take over 30 minutes and the default command stops at
-step 500. ``--budget_s 0`` runs every step; the figures in ``benchmarks/RESULTS.md`` and the README are from such runs.
+By default (``--steps 0``) the schedule is fitted to ``--budget_s`` (840 s): a calibration run of ``--calibration_steps``
+steps times a step and an evaluation on this machine (it starts from its own seed, so the measured runs are those of a
+run without it), and the run gets the steps that fit the budget with its ``--evals`` evaluations, warm-up and cosine
+decay included, so the default command is a complete run in about 15 minutes. The calibration's early steps are
+slower than later ones, so a fitted run tends to end a little under its budget. ``--steps N`` runs N steps; with a
+budget it stops at an evaluation when the next block would pass it (its schedule then ends part way);
+``--steps 1500 --budget_s 0`` is the long run behind the figures recorded before 2026-12-07. The JSON gives each
+evaluation point's seconds since training began (``curves_seconds``) beside its step.
 Prints a table (env x evaluation step) and, last, one JSON line with the figures; writes the curves to
 ``<out>/learning_curves.png`` and the JSON to ``<out>/learning.json``. Figures of past runs, with their commands and
 settings: ``benchmarks/RESULTS.md``.
@@ -93,6 +97,7 @@ from pathlib import Path
 
 import torch
 from accelerate import PartialState
+from accelerate.utils import reduce as reduce_across
 from learning_parts.references import DENSE, ENVS, EVAL_SEED, SCORE_KEY, SMALL
 from learning_parts.report import report
 from transformers import AutoConfig, AutoTokenizer, TrainerCallback
@@ -113,7 +118,8 @@ class CurveCallback(TrainerCallback):
         self.trainer_ref, self.tokenizer, self.factories = trainer_ref, tokenizer, factories
         self.every, self.episodes, self.max_len, self.batch_size = every, episodes, max_len, batch_size
         self.budget, self.t0 = budget, time.perf_counter()
-        self.points: list[tuple[int, dict[str, float], float]] = []  # (step, {env: score}, seconds)
+        # (step, {env: score}, seconds of this evaluation, seconds since training began)
+        self.points: list[tuple[int, dict[str, float], float, float]] = []
         self.realised: list[dict[str, float]] = []  # {env: normalised score of the realised returns}, per point
         self.skill: list[dict[str, dict[str, float]]] = []  # {env: {qtype: report skill}}, per point
 
@@ -144,7 +150,7 @@ class CurveCallback(TrainerCallback):
             {env: {k[6:]: float(v) for k, v in table[env].items() if k.startswith("skill/")} for env in ENVS}
         )
         self.baselines = {env: (table[env]["random"], table[env]["oracle"]) for env in ENVS}
-        self.points.append((step, scores, time.perf_counter() - t0))
+        self.points.append((step, scores, time.perf_counter() - t0, time.perf_counter() - self.t0))
         if trainer.accelerator.is_main_process:
             shown = "  ".join(f"{e} {s:+.3f}" for e, s in scores.items())
             print(f"  step {step:>4}  {shown}  ({self.points[-1][2]:.0f}s)", flush=True)
@@ -315,10 +321,50 @@ def train_one(args, seed: int) -> tuple[list, dict, list, list]:
     return callback.points, callback.baselines, callback.realised, callback.skill
 
 
+def fit_schedule(args) -> dict:
+    """``--steps 0``: the schedule that fits ``--budget_s``. A short calibration run of the same trainer times a step
+    and an evaluation on this machine; the run then gets as many steps as fit the budget with its evaluations (one
+    every ``steps / --evals``), a warm-up of ``--warmup`` steps at most 5% of them, and a cosine decay that ends at the
+    last step: a complete schedule, not a longer one cut short."""
+    probe = argparse.Namespace(**{**vars(args), "steps": args.calibration_steps, "eval_every": args.calibration_steps})
+    probe.warmup, probe.budget_s, probe.out = 1, 0, os.path.join(args.out, "calibration")
+    start = time.perf_counter()
+    points, *_ = train_one(probe, seed=10_000)  # its own seed: the measured runs start as without calibration
+    own = [time.perf_counter() - start, max(p[2] for p in points), points[-1][3] - sum(p[2] for p in points)]
+    # every process must fit the same schedule: the mean of their timings
+    spent, eval_s, train_s = reduce_across(torch.tensor(own, dtype=torch.float64), reduction="mean").tolist()
+    step_s = train_s / args.calibration_steps  # the steps' own time, evaluations left out
+    left = args.budget_s - spent * args.calibration_share
+    steps = int((left - (args.evals + 1) * eval_s) / step_s)
+    if steps < 2 * args.evals:
+        raise SystemExit(
+            f"--budget_s {args.budget_s:.0f}: {step_s:.2f} s a step and {eval_s:.0f} s an evaluation "
+            f"leave {steps} steps; give a larger budget"
+        )
+    every = max(1, steps // args.evals)
+    steps = every * args.evals  # the last step is an evaluation
+    return {"steps": steps, "eval_every": every, "warmup": min(args.warmup, max(1, steps // 20)),
+            "step_s": round(step_s, 3), "eval_s": round(eval_s, 1), "calibration_s": round(spent, 1)}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=1500, help="optimizer steps per run")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="optimizer steps per run; 0: as many as fit --budget_s (a complete schedule; 1500 with --budget_s 0 is "
+        "the long run of the figures before 2026-12-07)",
+    )
     parser.add_argument("--eval_every", type=int, default=250, help="evaluate every this many optimizer steps")
+    parser.add_argument("--evals", type=int, default=6, help="--steps 0: evaluations after the initial one")
+    parser.add_argument("--calibration_steps", type=int, default=12, help="--steps 0: steps of the timing run")
+    parser.add_argument(
+        "--calibration_share",
+        type=float,
+        default=1.0,
+        help="--steps 0: the share of the timing run's time counted against the budget (1: all of it)",
+    )
     parser.add_argument("--eval_episodes", type=int, default=100, help="evaluation episodes per dense env")
     parser.add_argument(
         "--eval_episodes_outcome",
@@ -329,7 +375,11 @@ def main() -> None:
     parser.add_argument("--seeds", default="0", help="comma-separated training seeds (one run each)")
     parser.add_argument("--out", default="runs/bench_learning")
     parser.add_argument(
-        "--budget_s", type=float, default=840, help="per run: stop at an evaluation if the next would pass it (0: off)"
+        "--budget_s",
+        type=float,
+        default=840,
+        help="per run: with --steps 0 the schedule is fitted to it; with --steps N a run stops at an evaluation if the "
+        "next would pass it (0: off)",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run of about a minute (few steps, few episodes)")
     parser.add_argument(
@@ -348,6 +398,7 @@ def main() -> None:
     args.hparam_names = [name for name, *_ in TRAINING_HPARAMS + MODEL_HPARAMS]
     if args.quick:
         args.steps, args.eval_every, args.eval_episodes, args.warmup, args.eval_episodes_outcome = 20, 10, 20, 2, 0
+        args.budget_s = 0
     if args.envs:  # a probe on a subset of the envs (in place: learning_parts reads the same list)
         ENVS[:] = [e for e in ENVS if e in args.envs.split(",")]
     n_out = args.eval_episodes_outcome or args.eval_episodes
@@ -360,6 +411,15 @@ def main() -> None:
 
     state = PartialState(cpu=True)  # one process, or one of several under `accelerate launch`
     t0 = time.perf_counter()
+    args.fitted = None
+    if args.steps == 0:
+        if not args.budget_s:
+            raise SystemExit("--steps 0 fits the schedule to --budget_s: give a budget, or --steps N")
+        args.fitted = fit_schedule(args)
+        args.steps, args.eval_every, args.warmup = (args.fitted[k] for k in ("steps", "eval_every", "warmup"))
+        args.budget_s = 0  # the fitted schedule runs to its end
+        if state.is_main_process:
+            print(f"schedule fitted to the budget: {args.fitted}")
     runs, realised, skills = [], [], []
     for seed in seeds:
         if state.is_main_process:

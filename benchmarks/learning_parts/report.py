@@ -146,6 +146,9 @@ def report(args, seeds, runs, realised, skills, baselines, wall, n_processes) ->
         "improved": summary["improved"],
         "dense_reach_0.5": summary["dense_reach_0.5"],
         "curves": {"step": summary["eval_steps"], **summary["curves"]},
+        # time to score: seconds since training began at each evaluation point (seed mean), beside the steps
+        "curves_seconds": [float(np.mean([run[i][3] for run in runs])) for i in range(len(summary["eval_steps"]))],
+        "fitted_schedule": getattr(args, "fitted", None),
         "png": png,
         "best_constant": summary["best_constant"],
         "hmm_reference": hmm_ref,
