@@ -77,8 +77,8 @@ another order, so a run does not repeat the 1-thread run's numbers.
 By default (``--steps 0``) the schedule is fitted to ``--budget_s`` (840 s): a calibration run of ``--calibration_steps``
 steps times a step and an evaluation on this machine (it starts from its own seed, so the measured runs are those of a
 run without it), and the run gets the steps that fit the budget with its ``--evals`` evaluations, warm-up and cosine
-decay included, so the default command is a complete run in about 15 minutes. The calibration's early steps are
-slower than later ones, so a fitted run tends to end a little under its budget. ``--steps N`` runs N steps; with a
+decay included, so the default command is a complete run in about 15 minutes (a step's time is taken from the second
+half of the timing run: the first steps are slower). ``--steps N`` runs N steps; with a
 budget it stops at an evaluation when the next block would pass it (its schedule then ends part way);
 ``--steps 1500 --budget_s 0`` is the long run behind the figures recorded before 2026-12-07. The JSON gives each
 evaluation point's seconds since training began (``curves_seconds``) beside its step.
@@ -122,6 +122,7 @@ class CurveCallback(TrainerCallback):
         self.points: list[tuple[int, dict[str, float], float, float]] = []
         self.realised: list[dict[str, float]] = []  # {env: normalised score of the realised returns}, per point
         self.skill: list[dict[str, dict[str, float]]] = []  # {env: {qtype: report skill}}, per point
+        self.step_ends: list[float] = []  # seconds since training began at the end of each step, before evaluating
 
     def evaluate(self, step: int) -> None:
         trainer = self.trainer_ref["trainer"]
@@ -161,6 +162,7 @@ class CurveCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
+        self.step_ends.append(time.perf_counter() - self.t0)
         if step % self.every == 0 or step == state.max_steps:
             self.evaluate(step)
             elapsed = time.perf_counter() - self.t0  # stop here if the next block (steps + evaluation) would overrun
@@ -264,9 +266,10 @@ def env_integers(text: str) -> dict[str, int]:
     return {k: int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
 
 
-def train_one(args, seed: int) -> tuple[list, dict, list, list]:
+def train_one(args, seed: int, step_ends: list | None = None) -> tuple[list, dict, list, list]:
     """One training run from a fresh random backbone; returns the evaluation points, the random / oracle returns of
-    the evaluation episodes and, per point, every env's normalised score of the realised returns and report skills."""
+    the evaluation episodes and, per point, every env's normalised score of the realised returns and report skills
+    (and, into ``step_ends``, the seconds since training began at the end of each step)."""
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(ASSET)
     model = tiny_model(args)
@@ -318,6 +321,8 @@ def train_one(args, seed: int) -> tuple[list, dict, list, list]:
     )
     ref["trainer"] = trainer
     trainer.train()
+    if step_ends is not None:
+        step_ends.extend(callback.step_ends)
     return callback.points, callback.baselines, callback.realised, callback.skill
 
 
@@ -329,11 +334,13 @@ def fit_schedule(args) -> dict:
     probe = argparse.Namespace(**{**vars(args), "steps": args.calibration_steps, "eval_every": args.calibration_steps})
     probe.warmup, probe.budget_s, probe.out = 1, 0, os.path.join(args.out, "calibration")
     start = time.perf_counter()
-    points, *_ = train_one(probe, seed=10_000)  # its own seed: the measured runs start as without calibration
-    own = [time.perf_counter() - start, max(p[2] for p in points), points[-1][3] - sum(p[2] for p in points)]
+    ends: list[float] = []
+    points, *_ = train_one(probe, seed=10_000, step_ends=ends)  # its own seed: the runs start as without it
+    half = args.calibration_steps // 2
+    # a step's time from the second half of the timing run (the first steps are slower), no evaluation in between
+    own = [time.perf_counter() - start, max(p[2] for p in points), (ends[-1] - ends[half - 1]) / (len(ends) - half)]
     # every process must fit the same schedule: the mean of their timings
-    spent, eval_s, train_s = reduce_across(torch.tensor(own, dtype=torch.float64), reduction="mean").tolist()
-    step_s = train_s / args.calibration_steps  # the steps' own time, evaluations left out
+    spent, eval_s, step_s = reduce_across(torch.tensor(own, dtype=torch.float64), reduction="mean").tolist()
     left = args.budget_s - spent * args.calibration_share
     steps = int((left - (args.evals + 1) * eval_s) / step_s)
     if steps < 2 * args.evals:
