@@ -165,9 +165,10 @@ class GymnasiumEnv(AleaEnv):
         self.goal_question = goal_question or (spec.goal_question if spec else None)
         self.oracle_policy = oracle_policy
         self.model, self.solution = self._solve(model, spec, goal, gym_id, gym_kwargs)
-        # the goal test of a step's outcome (toy-text envs and a given ``goal``), for the share of episodes that reach
-        # their goal (Blackjack's spec has none: its return already says how often a hand is won)
-        self._goal = goal or (spec.goal(self.unwrapped) if spec else None)
+        # the built-in goal test of the toy-text envs, for the share of episodes that reach their goal (Blackjack's
+        # spec has none: its return already says how often a hand is won); looked up at each episode end, not kept,
+        # so the env stays picklable (checkpoints pickle it)
+        self._has_goal = bool(spec) and spec.goal(self.unwrapped) is not None
         self.dense = self.solution is not None
         if not self.dense and self.discount != 1.0:
             raise ValueError(
@@ -211,14 +212,15 @@ class GymnasiumEnv(AleaEnv):
     def _reset(self, rng: np.random.Generator) -> None:
         self.obs, _ = self.gym_env.reset(seed=int(rng.integers(2**31 - 1)))
         self.t = 0
-        self.reached_goal = False if self._goal is not None else None
+        self.reached_goal = False if self._has_goal else None
 
     def _step(self, action: int) -> tuple[float, bool]:
         self.obs, reward, terminated, truncated, _ = self.gym_env.step(self._action_start + action)
         self.t += 1
-        if self._goal is not None and terminated:
+        if self._has_goal and terminated:
+            goal = TOY_TEXT[type(self.unwrapped).__name__].goal(self.unwrapped)
             state = self.state_of(self.obs, self) if self.state_of else self.obs
-            self.reached_goal = bool(self._goal(int(state), float(reward), True))
+            self.reached_goal = bool(goal(int(state), float(reward), True))
         return float(reward), bool(terminated or truncated or (self.horizon is not None and self.t >= self.horizon))
 
     def n_legal(self) -> int:
