@@ -341,7 +341,7 @@ def fit_schedule(args) -> dict:
     own = [time.perf_counter() - start, max(p[2] for p in points), (ends[-1] - ends[half - 1]) / (len(ends) - half)]
     # every process must fit the same schedule: the mean of their timings
     spent, eval_s, step_s = reduce_across(torch.tensor(own, dtype=torch.float64), reduction="mean").tolist()
-    left = args.budget_s - spent * args.calibration_share
+    left = args.budget_s - spent
     steps = int((left - (args.evals + 1) * eval_s) / step_s)
     if steps < 2 * args.evals:
         raise SystemExit(
@@ -366,12 +366,6 @@ def main() -> None:
     parser.add_argument("--eval_every", type=int, default=250, help="evaluate every this many optimizer steps")
     parser.add_argument("--evals", type=int, default=6, help="--steps 0: evaluations after the initial one")
     parser.add_argument("--calibration_steps", type=int, default=12, help="--steps 0: steps of the timing run")
-    parser.add_argument(
-        "--calibration_share",
-        type=float,
-        default=1.0,
-        help="--steps 0: the share of the timing run's time counted against the budget (1: all of it)",
-    )
     parser.add_argument("--eval_episodes", type=int, default=100, help="evaluation episodes per dense env")
     parser.add_argument(
         "--eval_episodes_outcome",

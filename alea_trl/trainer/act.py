@@ -123,7 +123,8 @@ def _check_filters(top_k, top_p, min_p) -> None:
 
 
 def act_logits_of(choice_logits: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The act question's option logits of every decision (from a forward's ``choice_logits`` and its batch), `(N, A)` padded with ``-inf``, and the legal mask."""
+    """The act question's option logits of every decision (from a forward's ``choice_logits`` and its batch), `(N, A)`
+    padded with ``-inf``, and the legal mask."""
     is_act = torch.tensor([q.qid == ACT_QID for qs in batch.questions for q in qs], device=choice_logits.device)
     logits = choice_logits[is_act]  # (N, A_max over all choice questions)
     legal = torch.isfinite(logits)

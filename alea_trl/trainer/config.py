@@ -63,11 +63,11 @@ class AleaEnvGRPOConfig(GRPOConfig):
         eps_per_env (`int`, *optional*, defaults to `16`):
             Live episodes per env on each process.
         sample_in_loss_forward (`bool`, *optional*, defaults to `True`):
-            With `num_iterations == 1`, every micro-batch's loss forward also answers its fresh decisions: actions
-            are sampled from its detached act logits and the envs stepped, so each decision costs one forward (no
-            separate rollout forward). An outcome decision then trains its KL and reports when made and its action when its episode
-            ends (replayed in a later micro-batch). With `num_iterations > 1`, or `False`, generation is a separate
-            no-grad forward per wave of `max_batch` decisions.
+            With `num_iterations == 1`, every micro-batch's loss forward also answers its fresh decisions: actions are
+            sampled from its detached act logits and the envs stepped, so each decision costs one forward (no separate
+            rollout forward). An outcome decision then trains its KL and reports when made and its action when its
+            episode ends (replayed in a later micro-batch). With `num_iterations > 1`, or `False`, generation is a
+            separate no-grad forward per wave of `max_batch` decisions.
         pack_rows (`bool`, *optional*, defaults to `True`):
             Let several decisions share one row of a forward (up to the longest decision in it; they cannot attend
             to each other), so short decisions do not pay for padding.
@@ -86,11 +86,12 @@ class AleaEnvGRPOConfig(GRPOConfig):
             Most tokens of one packed decision. Longer decisions reset their episode and are counted in the
             `skipped_decisions` metric; nothing is truncated.
         dense_advance (`str`, *optional*, defaults to `"best_of_k"`):
-            How a dense episode advances: by the best of its k sampled actions (`"best_of_k"`: it visits better states) or by
-            the first sample (`"sample"`, on-policy). With `"best_of_k"` the episode visits the states the best of k
-            reaches, and every decision trains on those states; `env/<name>/return` then logs the policy's expected
-            return at them and `env/<name>/return_best_of_k` the realised return (an env whose `action_rewards` are
-            returns-to-go, `action_rewards_to_go` as the Gymnasium adapter's Q*, logs its realised return as both).
+            How a dense episode advances: by the best of its k sampled actions (`"best_of_k"`: it visits better states)
+            or by the first sample (`"sample"`, on-policy). With `"best_of_k"` the episode visits the states the best
+            of k reaches, and every decision trains on those states; `env/<name>/return` then logs the policy's
+            expected return at them and `env/<name>/return_best_of_k` the realised return (an env whose
+            `action_rewards` are returns-to-go, `action_rewards_to_go` as the Gymnasium adapter's Q*, logs its realised
+            return as both).
         dense_update (`str`, *optional*, defaults to `"all_actions"`):
             What trains a dense decision's act: every legal action with its exact advantage `(Q(a) - V) / scale`
             (`"all_actions"`, see `alea_trl.trainer.loss.dense`), or its k sampled actions with their group
@@ -172,8 +173,8 @@ class AleaEnvGRPOConfig(GRPOConfig):
         loss_type (`str`, *optional*, defaults to `"grpo"`):
             As in GRPOConfig, over sampled actions (docs/config_fields.md). With one action per "completion", grpo,
             bnpo and luspo are the same loss: the mean over the real samples of a micro-batch (per kind, see
-            `outcome_loss_weight`): every real sample of a kind weighs the same. GRPOConfig's default, `"dapo"`, normalises by the samples of all
-            processes instead.
+            `outcome_loss_weight`): every real sample of a kind weighs the same. GRPOConfig's default, `"dapo"`,
+            normalises by the samples of all processes instead.
 
     > Distributed data parallel (TrainingArguments fields with other defaults)
 

@@ -145,7 +145,7 @@ def check_inherited_fields(config) -> None:
             _fail(name, f"{why}; got {value!r}", fix)
     for name, (switch, on, what) in NEEDS_SWITCH.items():
         value = getattr(config, name)
-        if value != defaults[name] and value is not None and not on(getattr(config, switch)):
+        if value != defaults[name] and not _off(config, name, value) and not on(getattr(config, switch)):
             _fail(
                 name,
                 f"only acts with {what} (here {switch}={getattr(config, switch)!r}); got {value!r}",
@@ -274,6 +274,14 @@ def fold_trust_remote_code(config) -> None:
     """``trust_remote_code=True`` reaches the model loaders through ``model_init_kwargs`` (as TRL passes it)."""
     if config.trust_remote_code:
         config.model_init_kwargs = {"trust_remote_code": True, **(config.model_init_kwargs or {})}
+
+
+def _off(config, name: str, value) -> bool:
+    """Whether ``value`` switches field ``name`` off: ``None`` for a field whose type allows it (e.g. ``delta``)."""
+    if value is not None:
+        return False
+    field_type = next(f.type for f in dataclasses.fields(type(config)) if f.name == name)
+    return "None" in str(field_type)
 
 
 def _is_int(x) -> bool:

@@ -3,7 +3,7 @@
 One training step, top to bottom: ``_generate_and_score_completions`` (TRL's generation hook) either plays a rollout
 (:mod:`~alea_trl.trainer.rollout`, actions sampled from a no-grad forward) or, when actions are sampled from the loss
 forward itself, hands the loss the number of decisions to answer; ``_compute_loss`` answers the decisions
-(:mod:`~alea_trl.trainer.forward`) and computes :func:`~alea_trl.trainer.loss.objective.grpo_loss`; the outputs (checkpoints,
+(:mod:`~alea_trl.trainer.forward`) and computes :func:`~alea_trl.trainer.loss.grpo_loss`; the outputs (checkpoints,
 evaluation, metrics, the Hub) are :mod:`~alea_trl.trainer.outputs`.
 
 The TRL and transformers internals it relies on (trl pinned to a minor version in pyproject.toml):
@@ -302,7 +302,8 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         return self._loss(result, inputs)
 
     def _answer(self, model, packed, with_reference: bool):
-        """``packed`` answered by ``model`` (and the reference): see :class:`~alea_trl.trainer.forward.PolicyForward`."""
+        """``packed`` answered by ``model`` (and the reference), see
+        :class:`~alea_trl.trainer.forward.PolicyForward`."""
         return self.policy_forward(model, self.accelerator.unwrap_model(model), packed, with_reference)
 
     def _loss_with_sampling(self, model, n_slots: int):
@@ -332,7 +333,7 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         return {1: policy} | ({2: self.ref_model} if self.ref_model is not None else {})
 
     def _loss(self, result, inputs):
-        """:func:`~alea_trl.trainer.loss.objective.grpo_loss` of one forward's outputs (plus the zero-weight outputs of dummy
+        """:func:`~alea_trl.trainer.loss.grpo_loss` of one forward's outputs (plus the zero-weight outputs of dummy
         forwards, see :mod:`~alea_trl.trainer.forward.even`); logs its terms and the forward's tokens, and stops on
         a non-finite term before the backward pass."""
         mode = "train" if self.model.training else "eval"

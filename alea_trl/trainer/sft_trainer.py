@@ -1,7 +1,7 @@
 """AleaSFTTrainer: supervised warm start on a decision dataset, with the same packing and scoring rules as RL.
 
-Its outputs are those of the RL trainer (:mod:`~alea_trl.trainer.outputs.hub`): an Alea model card and pushes that save locally first;
-``evaluate_envs`` plays the greedy evaluation of ``AleaEnvGRPOTrainer.evaluate`` for the card.
+Its outputs are those of the RL trainer (:mod:`~alea_trl.trainer.outputs.hub`): an Alea model card and pushes that
+save locally first; ``evaluate_envs`` plays the greedy evaluation of ``AleaEnvGRPOTrainer.evaluate`` for the card.
 """
 
 from __future__ import annotations

@@ -463,6 +463,8 @@ def test_the_default_delta_bounds_a_stale_replay(make_args):
     assert term(50.0, None) == pytest.approx(50.0) and term(50.0, args.delta) == pytest.approx(4.0)
     assert term(1.0, args.delta) == pytest.approx(term(1.0, None))
     assert make_args(delta=None, loss_type="cispo", dense_update="sampled").delta is None  # off, with any loss
+    with pytest.raises(ValueError, match="entropy_coef_delta"):  # None is "off" only for a field that allows it
+        make_args(entropy_coef_delta=None)
 
 
 def test_replay_ratios_are_logged(tiny_model, tokenizer, make_args):

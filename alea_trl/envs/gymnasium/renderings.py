@@ -188,7 +188,8 @@ def table_model(unwrapped, goal) -> TabularModel:
 @dataclass(frozen=True)
 class ToyTextSpec:
     """How the adapter presents one Gymnasium class: ``render(obs, env)``, the action names, ``goal(unwrapped)`` (a
-    predicate on model outcomes), the goal question, ``model(unwrapped, goal)`` (default: the env's transition table) and ``state(obs, env)``."""
+    predicate on model outcomes), the goal question, ``model(unwrapped, goal)`` (default: the env's transition table)
+    and ``state(obs, env)``."""
 
     render: Callable
     actions: tuple[str, ...]

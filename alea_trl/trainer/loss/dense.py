@@ -1,8 +1,7 @@
 """The dense envs' updates over every legal action (``dense_update``): a dense env reports the exact expected
 reward of every legal action, not only of the k sampled ones, so a dense decision's act trains on all of them.
 Their advantages and steps are computed when the decision is made
-(:func:`~alea_trl.trainer.rollout.advantages.all_action_advantages`, :func:`~alea_trl.trainer.rollout.advantages.mirror_steps`);
-the losses are here.
+(:mod:`~alea_trl.trainer.rollout.advantages`: ``all_action_advantages``, ``mirror_steps``); the losses are here.
 
 ``dense_update="all_actions"`` (the default): every legal action's exact expected reward trains the act head, and an
 action better than the policy's average gets a step that does not shrink with its probability.
@@ -36,11 +35,11 @@ reports: ``J(pi) = sum_a pi(a) Q(a) / s - beta KL(pi || pi_ref)`` (``s`` the rew
 6. The step on the log-probs is ``g(a) = w(a) A(a)`` with ``w(a) = (pi_old(a) + 1 / n) / 2`` (``n`` legal actions),
    minus its mean over the legal actions (a shift of every logit changes no probability). Its inner product with the
    gradient of ``J`` is ``sum_a pi_old(a) w(a) A(a)^2 >= 0``: every step ascends ``J`` to first order, whatever the
-   policy. It is zero exactly when ``A = 0`` on every legal action, i.e. at ``pi*(a) ~ pi_ref(a) exp(Q(a) / (s beta))``,
-   the optimum of ``J`` (at ``beta = 0`` the step never vanishes until the policy is greedy). The weights sum to 1 over
-   the legal actions, so ``|g| <= max |A|`` whatever their number; each action's weight is at least ``1 / (2 n)``, so
-   an action better than the policy's average gains on the others at a rate that does not fade with its probability
-   (the sampled gradient ``pi * A`` does: an improbable best action is never sampled, and never learnt).
+   policy. It is zero exactly when ``A = 0`` on every legal action, i.e. at ``pi*(a) ~ pi_ref(a) exp(Q(a) / (s
+   beta))``, the optimum of ``J`` (at ``beta = 0`` the step never vanishes until the policy is greedy). The weights sum
+   to 1 over the legal actions, so ``|g| <= max |A|`` whatever their number; each action's weight is at least ``1 / (2
+   n)``, so an action better than the policy's average gains on the others at a rate that does not fade with its
+   probability (the sampled gradient ``pi * A`` does: an improbable best action is never sampled, and never learnt).
 7. The loss regresses the centred log-probs onto the target ``log pi_old + g`` (centred): ``1/2 sum_a (lp(a) -
    lp_old(a) - g(a))^2``. Its gradient at ``pi_old`` is ``-g``; its value is the squared logit distance still to go
    (``1/2 |g|^2`` on the first pass, at most ``max A^2 / 2``), bounded and zero at the target; with

@@ -1,5 +1,6 @@
 """The Alea GRPO objective: the clipped-ratio policy loss over sampled actions, the exact KL to the reference over
-the legal options, and the proper-scoring report losses (the advantages it weighs are :mod:`~alea_trl.trainer.rollout.advantages`'s). Pure
+the legal options, and the proper-scoring report losses (the advantages it weighs are
+:mod:`~alea_trl.trainer.rollout.advantages`'s). Pure
 tensor functions, tested on hand-built tensors; the trainers and the benchmarks' unpacked loop call the same ones.
 
 Design decisions:

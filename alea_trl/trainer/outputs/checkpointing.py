@@ -26,11 +26,10 @@ COMPLETE_MARKER = "alea_checkpoint_complete.json"
 
 
 # modules whose classes a checkpoint's pickled rollout state may name, by the path they had when it was written
+# (the rollout state holds the pool with its episodes, and the queue and TRL's buffer with their decision rows)
 MOVED_MODULES = {
     "alea_trl.trainer.pool": "alea_trl.trainer.rollout.pool",
     "alea_trl.trainer.loss_inputs": "alea_trl.trainer.rollout.rows",
-    "alea_trl.trainer.observation": "alea_trl.trainer.rollout.observation",
-    "alea_trl.trainer.branching": "alea_trl.trainer.rollout.branching",
 }
 
 

@@ -10,10 +10,10 @@ Design decisions:
    built, so an unreachable Hub is reported then, before any training.
 3. A LoRA output also gets the Alea ``config.json``, and its ``adapter_config.json`` names its base (see
    :mod:`alea_trl.loading`); a backbone with random weights is saved beside the adapter.
-4. The final save of an FSDP run with sharded state dicts (``fsdp_state_dict_type: SHARDED_STATE_DICT``: fast, small
-   checkpoints that a run resumes from) gathers the full state dict, as ``FULL_STATE_DICT`` would; ``Trainer.save_model``
-   would otherwise write no weights, and ``AleaModel.from_pretrained(output_dir)`` would find no model. Checkpoints
-   keep the sharded format the config asked for.
+4. The final save of an FSDP run with sharded state dicts (``fsdp_state_dict_type: SHARDED_STATE_DICT``: fast,
+   small checkpoints that a run resumes from) gathers the full state dict, as ``FULL_STATE_DICT`` would;
+   ``Trainer.save_model`` would otherwise write no weights, and ``AleaModel.from_pretrained(output_dir)`` would find
+   no model. Checkpoints keep the sharded format the config asked for.
 5. The trainers override ``create_model_card``, ``save_model`` and ``push_to_hub`` and call the functions here with
    themselves: what they need of a trainer is its ``args``, ``accelerator``, ``model``, ``env_factories`` and, after
    an evaluation, ``last_eval_table`` / ``last_eval_settings``.

@@ -51,10 +51,11 @@ def gathered_means(accelerator, sums: dict[str, tuple[float, float]]) -> dict[st
 
 def rollout_sums(stats: dict[str, list[float]], env_names: list[str]) -> dict[str, tuple[float, float]]:
     """(sum, count) pairs of a rollout's statistics: per env the episode return (and the realised return of dense
-    episodes advanced by the best of k, and the share of episodes that reached their goal in goal-reaching envs), the regret and the entropy of the act distribution (means over decisions or
-    episodes), and the totals of skipped decisions, env errors, branched decisions and their continuation decisions,
-    and of the decisions whose branching failed (``branch/failed``, and by cause ``branch/failed/<cause>``) or hit
-    ``branch_max_rounds`` (``branch/capped``)."""
+    episodes advanced by the best of k), the share of episodes that reached their goal (goal-reaching envs), the
+    regret and the entropy of the act distribution (means over decisions or episodes), and the totals of skipped
+    decisions, env errors, branched decisions and their continuation decisions, and of the decisions whose branching
+    failed (``branch/failed``, and by cause ``branch/failed/<cause>``) or hit ``branch_max_rounds``
+    (``branch/capped``)."""
     keys = [
         f"env/{e}/{m}" for e in env_names for m in ("return", "return_best_of_k", "goal_share", "regret", "entropy")
     ]

@@ -227,8 +227,8 @@ def questions_table(env_factories: dict) -> tuple[str, set[str]]:
 
 
 def evaluation_table(table: dict[str, dict[str, float]]) -> str:
-    """The evaluation as a markdown table (``–`` where a figure does not apply; the goal column only when an env has a
-    goal)."""
+    """The evaluation as a markdown table (``–`` where a figure does not apply; the goal column only when an env
+    has a goal)."""
     goals = any("goal_share" in row for row in table.values())
     columns = {c: name for c, name in COLUMNS.items() if c != "goal_share" or goals}
     rows = ["| env | " + " | ".join(columns.values()) + " |", "|---" * (len(columns) + 1) + "|"]

@@ -10,15 +10,16 @@ Design decisions:
    trainer's ``sample_in_loss_forward``) or from a separate no-grad forward (``run_wave``: up to ``max_batch``
    decisions).
 2. Dense decisions: k actions from one set of act logits; their exact expected rewards give the group advantages
-   (:func:`~alea_trl.trainer.rollout.advantages.group_advantages`); with ``dense_update="all_actions"`` the row also carries
-   every legal action's advantage (:mod:`~alea_trl.trainer.loss.dense`). The episode advances by the best of the k
-   (``dense_advance="best_of_k"``: the episode visits the states a better policy would) or by the first sample (``"sample"``, on-policy).
+   (:func:`~alea_trl.trainer.rollout.advantages.group_advantages`); with ``dense_update="all_actions"`` the row also
+   carries every legal action's advantage (:mod:`~alea_trl.trainer.loss.dense`). The episode advances by the best of
+   the k (``dense_advance="best_of_k"``: the episode visits the states a better policy would) or by the first sample
+   (``"sample"``, on-policy).
 3. Outcome decisions (``outcome_advantage``): with ``"branch"`` each of the k sampled actions is valued in a deep copy
-   of the env played to the end by the current policy (:mod:`~alea_trl.trainer.rollout.branching`), and the decision is a group
-   like a dense one; otherwise one action is stored with its behaviour log-prob, and when the episode ends the row's
-   advantage is its return-to-go (``"rtg"``) or the episode's return (``"episode"``) against that env's recent ones
-   (:func:`~alea_trl.trainer.rollout.advantages.outcome_advantage`). The behaviour log-prob lets the loss importance-correct a
-   replay that happens after the policy moved.
+   of the env played to the end by the current policy (:mod:`~alea_trl.trainer.rollout.branching`), and the decision
+   is a group like a dense one; otherwise one action is stored with its behaviour log-prob, and when the episode ends
+   the row's advantage is its return-to-go (``"rtg"``) or the episode's return (``"episode"``) against that env's
+   recent ones (:func:`~alea_trl.trainer.rollout.advantages.outcome_advantage`). The behaviour log-prob lets the loss
+   importance-correct a replay that happens after the policy moved.
 4. Every row carries the reference policy's log-probs over its legal actions (the reference is frozen, so computing
    them at decision time is exact) and the decision's validated report targets.
 5. Rows wait in one FIFO queue owned here (``queue``, ``take``): outcome decisions when their episode ends, and,
