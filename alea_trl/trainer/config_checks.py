@@ -280,8 +280,12 @@ def _off(config, name: str, value) -> bool:
     """Whether ``value`` switches field ``name`` off: ``None`` for a field whose type allows it (e.g. ``delta``)."""
     if value is not None:
         return False
-    field_type = next(f.type for f in dataclasses.fields(type(config)) if f.name == name)
-    return "None" in str(field_type)
+    # the class's own annotation: HfArgumentParser (TrlParser) rewrites a dataclass field's ``type`` in place, dropping
+    # the None of an Optional
+    annotation = next(
+        c.__annotations__[name] for c in type(config).__mro__ if name in getattr(c, "__annotations__", {})
+    )
+    return "None" in str(annotation)
 
 
 def _is_int(x) -> bool:
