@@ -8,7 +8,9 @@ real 49,152-token one) and the same architecture (the first ``--layers`` of the 
 - ``random``: the same config with random weights (transformers' Llama initialisation, std 0.02, seeded).
 
 By default only the heads train (``--train_mode heads``: the backbone is frozen, so no backward pass runs through it
-and a step is cheap); ``--train_mode tail`` trains the last ``--tail_k`` layers too, as the recipe does. Before training
+and a step is cheap); ``--train_mode tail`` trains the last ``--tail_k`` layers too, and ``--train_mode full`` every
+layer and the embeddings, as the recipe does (``--layers 4 --train_mode full --lr 5e-4 --lr_head 1e-3 --report_w 5``
+are the recipe's settings). Before training
 and every ``--eval_every`` steps the greedy policy plays ``--eval_episodes`` seeded episodes per env (the same
 episodes at every point, and for both weights), giving per env the normalised score from exact expected rewards
 (``expected_score``, free of outcome noise), from realised returns (``normalized_score``) and the report skill per
@@ -18,7 +20,8 @@ evaluations' own time left out).
 Output: a table (final figures, mean over seeds, and each seed), ``pretrained.png`` (curves of every env's expected
 score against decisions and against seconds, pretrained vs random) in ``--out``, and, last, one JSON line.
 
-    python benchmarks/pretrained.py                       # 2 seeds x 2 weights, heads only (about 25 min quiet)
+    python benchmarks/pretrained.py                       # 2 seeds x 2 weights, heads only (about 26 min quiet)
+    python benchmarks/pretrained.py --layers 4 --train_mode full --lr 5e-4 --lr_head 1e-3 --report_w 5  # the recipe's mode (23 min)
     python benchmarks/pretrained.py --steps 4 --eval_every 2 --eval_episodes 2 --seeds 0   # a smoke run
 """
 
@@ -120,7 +123,7 @@ def train_one(args, path: str, tokenizer, weights: str, seed: int) -> list[dict]
         max_batch=args.batch_size,
         per_device_train_batch_size=args.batch_size,
         max_len=512,
-        report_w=1.0,
+        report_w=args.report_w,
         use_cpu=True,
         bf16=False,
         gradient_checkpointing=False,
@@ -199,12 +202,13 @@ def plot(runs: dict, batch_size: int, path: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=8, help="first Llama layers kept (of 30)")
-    parser.add_argument("--train_mode", default="heads", choices=["heads", "tail"], help="what trains")
+    parser.add_argument("--train_mode", default="heads", choices=["heads", "tail", "full"], help="what trains")
     parser.add_argument("--tail_k", type=int, default=2, help="layers trained under --train_mode tail")
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps per run")
     parser.add_argument("--batch_size", type=int, default=16, help="decisions per step")
-    parser.add_argument("--lr", type=float, default=1e-4, help="backbone learning rate (tail mode)")
+    parser.add_argument("--lr", type=float, default=1e-4, help="backbone learning rate (tail and full modes)")
     parser.add_argument("--lr_head", type=float, default=3e-3, help="heads learning rate")
+    parser.add_argument("--report_w", type=float, default=1.0, help="weight of the report losses")
     parser.add_argument("--eval_every", type=int, default=25, help="evaluate every this many steps")
     parser.add_argument("--eval_episodes", type=int, default=20, help="evaluation episodes per env")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -232,6 +236,9 @@ def main() -> None:
         "model": "smollm2-135m-instruct",
         "layers": args.layers,
         "train_mode": args.train_mode,
+        "lr": args.lr,
+        "lr_head": args.lr_head,
+        "report_w": args.report_w,
         "steps": args.steps,
         "batch_size": args.batch_size,
         "seeds": args.seeds,
