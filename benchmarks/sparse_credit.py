@@ -54,7 +54,7 @@ def curve(seed: int, lr: float, steps: int, every: int, tokenizer, env: dict, ex
             gradient_checkpointing=False, eps_per_env=16, max_batch=16, per_device_train_batch_size=16,
             num_generations=4, max_len=1024, learning_rate=lr, lr_head=lr, lr_aux=lr, lr_scheduler_type="constant",
             logging_steps=steps, max_steps=steps, train_mode="full", disable_tqdm=True, envs=["three_in_a_row"],
-            beta=0.0, seed=0, **extra,
+            seed=0, **{"beta": 0.0, **extra},
         )  # fmt: skip
         start = time.perf_counter()
         trainer = AleaEnvGRPOTrainer(model, args=args, processing_class=tokenizer, env_factories=factories)

@@ -124,6 +124,11 @@ class AleaEnvGRPOConfig(GRPOConfig):
             cap is valued by reward-to-go and counted in the metric `branch/capped` (an env with no horizon under a
             policy that never ends it would otherwise keep the step waiting forever). The default is above the
             horizon of every built-in env.
+        branch_explore (`float`, *optional*, defaults to `0.0`):
+            With `outcome_advantage="branch"`, the share of uniform play in the continuations: each continuation
+            action is drawn from `(1 - branch_explore)` x the policy + `branch_explore` x uniform over the legal
+            actions. Branch values are then those of that mixed policy. It keeps a sparse, all-or-nothing env's
+            branches informative once the policy is sure of a wrong action (every branch would be worth 0 otherwise).
         num_generations_per_env (`dict[str, int]`, *optional*):
             k by env name, for the named envs; the others sample `num_generations`. An env whose groups need more
             samples (an outcome env whose best move k = 8 draws often miss) gets them without widening every
@@ -243,6 +248,13 @@ class AleaEnvGRPOConfig(GRPOConfig):
             "the cap are valued by reward-to-go and counted in branch/capped."
         },
     )
+    branch_explore: float = field(
+        default=0.0,
+        metadata={
+            "help": "Share of uniform play in branch continuations (0: the policy plays on; values are then those of "
+            "the mixed policy). Keeps sparse, all-or-nothing envs' branches informative once the policy is sure."
+        },
+    )
     outcome_loss_weight: float = field(
         default=1.0, metadata={"help": "Weight of the outcome envs' policy-loss mean (the dense envs' has weight 1)."}
     )
@@ -335,6 +347,7 @@ class AleaEnvGRPOConfig(GRPOConfig):
             ("outcome_advantage", self.outcome_advantage in OUTCOME_ADVANTAGES, f"one of {OUTCOME_ADVANTAGES}"),
             ("branch_limit", self.branch_limit >= 0, "an integer >= 0"),
             ("branch_max_rounds", self.branch_max_rounds >= 1, "an integer >= 1"),
+            ("branch_explore", 0.0 <= self.branch_explore <= 1.0, "a number in [0, 1]"),
             ("outcome_loss_weight", self.outcome_loss_weight >= 0, "a number >= 0"),
             ("report_w", self.report_w >= 0, "a number >= 0"),
             ("max_steps", self.max_steps > 0, "a positive number of steps (there is no dataset epoch)"),
@@ -342,6 +355,11 @@ class AleaEnvGRPOConfig(GRPOConfig):
         for name, ok, what in checks:
             if not ok:
                 raise ValueError(f"AleaEnvGRPOConfig: field '{name}': must be {what}, got {getattr(self, name)!r}")
+        if self.branch_explore > 0 and self.outcome_advantage != "branch":
+            raise ValueError(
+                f"AleaEnvGRPOConfig: field 'branch_explore': {self.branch_explore} mixes uniform play into branch "
+                f"continuations, but outcome_advantage={self.outcome_advantage!r} does not branch"
+            )
         if self.max_batch_tokens is not None and self.max_batch_tokens < self.max_len:
             raise ValueError(
                 f"AleaEnvGRPOConfig: field 'max_batch_tokens': must be at least max_len={self.max_len} so that any "

@@ -24,6 +24,12 @@ Design decisions:
    decision that does not validate) raises a ``ValueError`` naming the env, as in the episode itself; a decision
    longer than ``max_len`` and an env that cannot be deep-copied are never errors (the episode itself skips the
    first, and the second only rules out branching).
+6. ``branch_explore`` (default 0) mixes uniform play into the continuations. A branch values its action under the
+   policy that plays on; once that policy is near-deterministic and wrong in a sparse, all-or-nothing env, every
+   branch of every action is worth the same (0), and the decision carries no signal. With a share of uniform play an
+   action that keeps the episode winnable is worth more than one that loses it. The values are then those of the
+   mixed continuation policy, not of the policy the loss trains: they favour actions that stay good under some
+   random play later.
 """
 
 from __future__ import annotations
@@ -110,6 +116,7 @@ def branch_values(
     filters: tuple[int, float, float | None] = (0, 1.0, None),
     reward_weight: float = 1.0,
     max_rounds: int | None = None,
+    explore: float = 0.0,
 ) -> tuple[list[list[float] | None], int]:
     """Branch returns of the sampled actions of outcome decisions.
 
@@ -129,6 +136,9 @@ def branch_values(
         reward_weight (`float`, defaults to `1.0`): multiplies every reward of a branch (``reward_weights``).
         max_rounds (`int`, *optional*): most continuation rounds (forwards) of this call; ``None``: until every
             copy's episode ends.
+        explore (`float`, defaults to `0.0`): the share of uniform play in the continuations: each continuation
+            action is drawn from ``(1 - explore) x`` the (filtered) policy ``+ explore x`` uniform over the legal
+            actions (see the module docstring).
 
     Returns:
         `(list[list[float] | None], int)`: per decision its k branch returns, or ``None`` where it was not branched;
@@ -199,7 +209,11 @@ def branch_values(
         logp = host_log_probs(continuation_logits(packed), temperature)[0]  # (M, A)
         rounds += 1
         answered += len(kept)
-        drawn = torch.multinomial(sampling_probs(logp, *filters), 1, generator=generator)[:, 0].tolist()
+        probs = sampling_probs(logp, *filters)
+        if explore > 0.0:
+            legal = torch.isfinite(logp)
+            probs = (1.0 - explore) * probs + explore * legal / legal.sum(-1, keepdim=True)
+        drawn = torch.multinomial(probs, 1, generator=generator)[:, 0].tolist()
         pending = [(i, j, env, a) for (i, j, env), a in zip(kept, drawn)]
     for i in failed:
         values[i] = None

@@ -324,6 +324,7 @@ class Rollout:
             filters=self.filters,
             reward_weight=self.reward_weight,
             max_rounds=self.args.branch_max_rounds,
+            explore=self.args.branch_explore,
         )
         for i, v in zip(outcome, values):
             out[i] = v
