@@ -10,18 +10,18 @@ real 49,152-token one) and the same architecture (the first ``--layers`` of the 
 By default only the heads train (``--train_mode heads``: the backbone is frozen, so no backward pass runs through it
 and a step is cheap); ``--train_mode tail`` trains the last ``--tail_k`` layers too, and ``--train_mode full`` every
 layer and the embeddings, as the recipe does (``--layers 4 --train_mode full --lr 5e-4 --lr_head 1e-3 --report_w 5``
-are the recipe's settings). Before training
-and every ``--eval_every`` steps the greedy policy plays ``--eval_episodes`` seeded episodes per env (the same
-episodes at every point, and for both weights), giving per env the normalised score from exact expected rewards
-(``expected_score``, free of outcome noise), from realised returns (``normalized_score``) and the report skill per
-qtype (``1 - loss / no-skill loss``). The x axes of the curves are decisions trained on and training seconds (the
-evaluations' own time left out).
+are the recipe's settings). Before training and every ``--eval_every`` steps the greedy policy plays
+``--eval_episodes`` seeded episodes per env (the same episodes at every point, and for both weights), giving per env
+the normalised score from exact expected rewards (``expected_score``, free of outcome noise), from realised returns
+(``normalized_score``) and the report skill per qtype (``1 - loss / no-skill loss``). The x axes of the curves are
+decisions trained on and training seconds (the evaluations' own time left out).
 
 Output: a table (final figures, mean over seeds, and each seed), ``pretrained.png`` (curves of every env's expected
 score against decisions and against seconds, pretrained vs random) in ``--out``, and, last, one JSON line.
 
     python benchmarks/pretrained.py                       # 2 seeds x 2 weights, heads only (about 26 min quiet)
-    python benchmarks/pretrained.py --layers 4 --train_mode full --lr 5e-4 --lr_head 1e-3 --report_w 5  # the recipe's mode (23 min)
+    # the recipe's mode (about 23 min quiet)
+    python benchmarks/pretrained.py --layers 4 --train_mode full --lr 5e-4 --lr_head 1e-3 --report_w 5
     python benchmarks/pretrained.py --steps 4 --eval_every 2 --eval_episodes 2 --seeds 0   # a smoke run
 """
 

@@ -178,8 +178,10 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=16, help="decisions per forward")
     parser.add_argument("--seed", type=int, default=0, help="seed of the episodes and of the random weights")
     args = parser.parse_args()
-    if args.decisions < 8 or min(args.depths) < 1 or max(args.depths) > 30:
-        raise ValueError("readout_probe.py: field 'decisions' must be >= 8 and every 'depths' in [1, 30]")
+    if args.decisions < 8:
+        raise ValueError(f"readout_probe.py: field 'decisions': must be >= 8, got {args.decisions}")
+    if not all(1 <= d <= 30 for d in args.depths):
+        raise ValueError(f"readout_probe.py: field 'depths': every depth must be in [1, 30], got {args.depths}")
     started = time.perf_counter()
     path = fetch("smollm2-135m-instruct")
     tokenizer = AutoTokenizer.from_pretrained(path)
