@@ -32,14 +32,18 @@ reports: ``J(pi) = sum_a pi(a) Q(a) / s - beta KL(pi || pi_ref)`` (``s`` the rew
 5. The regularised reward of action ``a`` is ``r(a) = Q(a) / s - beta log(pi_old(a) / pi_ref(a))`` and its advantage
    ``A(a) = r(a) - sum_b pi_old(b) r(b)``. The gradient of ``J`` with respect to the act logits at ``pi_old`` is
    ``pi_old * A``; the KL to the reference is folded in here, so these decisions take no separate ``beta`` x KL term.
-6. The step on the log-probs is ``g(a) = w(a) A(a)`` with ``w(a) = (pi_old(a) + 1 / n) / 2`` (``n`` legal actions),
-   minus its mean over the legal actions (a shift of every logit changes no probability). Its inner product with the
-   gradient of ``J`` is ``sum_a pi_old(a) w(a) A(a)^2 >= 0``: every step ascends ``J`` to first order, whatever the
-   policy. It is zero exactly when ``A = 0`` on every legal action, i.e. at ``pi*(a) ~ pi_ref(a) exp(Q(a) / (s
-   beta))``, the optimum of ``J`` (at ``beta = 0`` the step never vanishes until the policy is greedy). The weights sum
-   to 1 over the legal actions, so ``|g| <= max |A|`` whatever their number; each action's weight is at least ``1 / (2
-   n)``, so an action better than the policy's average gains on the others at a rate that does not fade with its
-   probability (the sampled gradient ``pi * A`` does: an improbable best action is never sampled, and never learnt).
+6. The step on the log-probs is ``g(a) = w(a) A(a)`` minus its mean over the legal actions (a shift of every logit
+   changes no probability), with ``w(a) = 1 / sqrt(n)`` (``n`` legal actions) for an action at least as good as the
+   policy's average and ``min(1, n pi_old(a)) / sqrt(n)`` for a worse one. With every ``w = 1`` it would be the
+   natural policy gradient of a softmax, ``Delta z = A`` (Kakade 2001), the step of policy mirror descent with a KL
+   proximity term. Its inner product with the gradient of ``J`` is ``sum_a pi_old(a) w(a) A(a)^2 >= 0``: every step
+   ascends ``J`` to first order, whatever the policy. Every weight is positive, so the step is zero exactly when
+   ``A = 0`` on every legal action, i.e. at ``pi*(a) ~ pi_ref(a) exp(Q(a) / (s beta))``, the optimum of ``J`` (at
+   ``beta = 0`` the step never vanishes until the policy is greedy). The weights' squares sum to at most 1, so ``|g|
+   <= max |A|`` whatever the number of actions. An action better than the policy's average moves its log-probability
+   by ``A / sqrt(n)`` whatever its probability (the sampled gradient ``pi * A`` fades with it: an improbable best
+   action is never sampled, and never learnt); a worse action's push fades once it is rarer than under uniform play,
+   so the step stops spending the model on actions already ruled out.
 7. The loss regresses the centred log-probs onto the target ``log pi_old + g`` (centred): ``1/2 sum_a (lp(a) -
    lp_old(a) - g(a))^2``. Its gradient at ``pi_old`` is ``-g``; its value is the squared logit distance still to go
    (``1/2 |g|^2`` on the first pass, at most ``max A^2 / 2``), bounded and zero at the target; with

@@ -140,7 +140,9 @@ def mirror_steps(
         r = r - beta * (old_logp - ref_logp.float().masked_fill(~legal, 0.0))
     advantage = (r - (p * r).sum(-1, keepdim=True) / p.sum(-1, keepdim=True)).masked_fill(~legal, 0.0)  # (N, A)
     n_legal = legal.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
-    weight = ((p + 1.0 / n_legal) / 2).masked_fill(~legal, 0.0)  # (N, A), sums to 1 over the legal actions
+    # the natural-gradient step A / sqrt(n); a worse action's weight fades once it is rarer than under uniform play
+    fade = torch.where(advantage < 0, (p * n_legal).clamp(max=1.0), torch.ones_like(p))
+    weight = (fade / n_legal.sqrt()).masked_fill(~legal, 0.0)  # (N, A): squares sum to at most 1
     step = weight * advantage
     step = step - step.sum(-1, keepdim=True) / n_legal  # a common shift of the logits moves no probability
     return step.masked_fill(~legal | (n_legal < 2), 0.0)
