@@ -153,7 +153,10 @@ class CurveCallback(TrainerCallback):
         self.baselines = {env: (table[env]["random"], table[env]["oracle"]) for env in ENVS}
         self.points.append((step, scores, time.perf_counter() - t0, time.perf_counter() - self.t0))
         if trainer.accelerator.is_main_process:
-            shown = "  ".join(f"{e} {s:+.3f}" for e, s in scores.items())
+            goals = {e: table[e]["goal_share"] for e in ENVS if "goal_share" in table[e]}  # goal-reaching envs
+            shown = "  ".join(
+                f"{e} {s:+.3f}" + (f" (goal {goals[e]:.2f})" if e in goals else "") for e, s in scores.items()
+            )
             print(f"  step {step:>4}  {shown}  ({self.points[-1][2]:.0f}s)", flush=True)
 
     def on_train_begin(self, args, state, control, **kwargs):

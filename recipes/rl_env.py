@@ -3,7 +3,7 @@
     accelerate launch recipes/rl_env.py --config recipes/configs/quickstart.yaml
     accelerate launch --config_file accelerate_configs/deepspeed_zero2.yaml recipes/rl_env.py \\
         --config recipes/configs/qwen3_0.6b.yaml
-    accelerate launch recipes/rl_env.py --config recipes/configs/smollm2_135m.yaml   # a real pretrained model, CPU
+    accelerate launch --cpu recipes/rl_env.py --config recipes/configs/smollm2_135m.yaml   # a real pretrained model
 
 Any field of AleaEnvGRPOConfig (and GRPOConfig / TrainingArguments), ModelConfig or ScriptArguments can be set in
 the YAML or overridden on the command line (`--max_steps 50 --train_mode lora`). The run trains, evaluates the
