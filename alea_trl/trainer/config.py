@@ -102,8 +102,8 @@ class AleaEnvGRPOConfig(GRPOConfig):
             `"mirror"` (see `alea_trl.trainer.loss.dense`) trains every legal action toward the mirror-descent
             target of GRPO's own objective `E[Q] / scale - beta KL(pi || pi_ref)` over the legal actions: every step
             ascends it, its fixed point is `pi*(a) ~ pi_ref(a) exp(Q(a) / (scale beta))` (greedy at `beta = 0`), its
-            size does not grow with the number of legal actions and its loss is bounded; the KL is folded into its
-            steps (no separate KL term for these decisions).
+            size is at most the largest advantage whatever the number of legal actions and its loss is bounded; the
+            KL is folded into its steps (no separate KL term for these decisions).
             `loss_type` (other than grpo / bnpo), `top_entropy_quantile` and `off_policy_mask_threshold` act on
             sampled actions and are refused with `"all_actions"`: set `"sampled"` to use them. Outcome decisions
             train by their samples either way.
