@@ -71,13 +71,17 @@ def test_the_fixed_point_is_the_regularised_optimum(beta):
     torch.testing.assert_close(torch.softmax(z, -1), expected, atol=1e-4, rtol=0)
 
 
-def test_without_a_reference_it_goes_greedy():
+def test_without_a_reference_it_goes_greedy_and_ruled_out_logits_stay_bounded():
+    """At beta = 0 the policy goes greedy; a worse action's push fades once it is rarer than under uniform play, so
+    the ruled-out actions' logits stop falling (without the fade they fall by |A| / sqrt(n) a step, without end)."""
     q = torch.tensor([[1.0, 0.8, 0.5, 0.0]])
     z = torch.zeros(1, 4)
     for _ in range(3000):
         grad, _, _ = _loss_gradient(z, q, 0.0, None, torch.ones(1, 1))
         z = z - 2.0 * grad
     assert torch.softmax(z, -1)[0, 0] > 0.97
+    centred = z - z.mean()
+    assert centred.min() > -30.0, centred  # without the fade: -1725 here
 
 
 def test_step_size_does_not_grow_with_the_number_of_actions():
@@ -97,6 +101,7 @@ def test_step_size_does_not_grow_with_the_number_of_actions():
             norms.append(grad.norm().item())
         means.append(sum(norms) / len(norms))
     assert max(means) <= 1.5 * means[0] and max(means[1:]) <= 1.15 * min(means[1:]), means
+    assert means[-1] >= means[0] / 3, means  # not vanishing
 
 
 def test_an_improbable_best_action_is_still_learnt():
