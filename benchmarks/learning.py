@@ -9,8 +9,10 @@ steps of warm-up then cosine decay to 0, ``--batch_size`` decisions per step and
 share of an env by its number of copies (the default ``hmm=9,kelly=2,bandit=3,nim=3``, newsvendor one copy: 18 in all,
 so hmm trains on half the decisions, bandit and nim on 3/18 each, kelly on 2/18, newsvendor on 1/18). hmm, whose state
 must really be read, gets the most. The outcome envs get three shares each: with two, bandit stalled at 0.56 on one
-seed of four and nim ended under 0.6 on another. Copies add episodes, not loss weight (``--outcome_loss_weight``
-sets that).
+seed of four and nim ended under 0.6 on another. Copies add episodes, not loss weight: every decision weighs the
+same in the loss, an outcome env's times ``--outcome_loss_weight`` (2 here: a step trains about twice as many dense
+decisions as outcome ones, 13.4 and 6.6 of a process's 20, so at 2 the two kinds pull about equally, the balance the
+figures in ``benchmarks/RESULTS.md`` were measured with).
 Dense decisions train on every legal action's exact expected reward (the library's default ``dense_update``);
 ``--dense_update sampled`` trains them on their k samples, GRPO's update, under which hmm ends near its prior
 (``benchmarks/RESULTS.md``). Outcome decisions are valued by branching (the library's default ``outcome_advantage``):
@@ -213,7 +215,7 @@ TRAINING_HPARAMS = [
         "outcome decisions: branch (env copies), rtg (reward-to-go) or episode",
     ),
     ("branch_limit", int, 8, "most outcome decisions branched per batch (outcome_advantage branch)"),
-    ("outcome_loss_weight", float, 1.0, "weight of the outcome envs' policy-loss mean (the dense envs' has weight 1)"),
+    ("outcome_loss_weight", float, 2.0, "weight of an outcome env's decision in the loss (a dense env's: 1)"),
     ("entropy_coef", float, 0.0, "entropy bonus coefficient (the initial one with --adaptive_entropy)"),
     ("adaptive_entropy", int, 0, "1: TRL's adaptive entropy control (use_adaptive_entropy) towards --entropy_target"),
     ("entropy_target", float, 0.2, "mean act entropy (nats) the adaptive control keeps"),

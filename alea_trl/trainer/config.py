@@ -134,9 +134,10 @@ class AleaEnvGRPOConfig(GRPOConfig):
             samples (an outcome env whose best move k = 8 draws often miss) gets them without widening every
             env's; with branching its cost grows with its k. A JSON string is accepted.
         outcome_loss_weight (`float`, *optional*, defaults to `1.0`):
-            The policy loss averages the dense envs' samples and the outcome envs' samples separately and adds the
-            two means, the outcome mean times this weight: a dense decision carries k samples and an outcome
-            decision one, so one mean over all samples would make the outcome share depend on k and the batch mix.
+            Weight of an outcome env's decision in the policy loss, a dense env's weighing 1. Every decision is one
+            term (the mean over its samples, or its all-actions term) divided by the decisions of the micro-batch,
+            so at 1 a dense and an outcome decision of equal advantages pull equally, whatever their k and whatever
+            shares their micro-batch; the kinds' shares of a step follow their numbers of decisions times weights.
         outcome_baseline_window (`int`, *optional*, defaults to `64`):
             Outcome envs: returns (and returns-to-go at each step) are normalised per env by the mean (and, with
             `scale_rewards`, the std) of this many most recent ones of that env.
@@ -176,10 +177,10 @@ class AleaEnvGRPOConfig(GRPOConfig):
 
     Parameters:
         loss_type (`str`, *optional*, defaults to `"grpo"`):
-            As in GRPOConfig, over sampled actions (docs/config_fields.md). With one action per "completion", grpo,
-            bnpo and luspo are the same loss: the mean over the real samples of a micro-batch (per kind, see
-            `outcome_loss_weight`): every real sample of a kind weighs the same. GRPOConfig's default, `"dapo"`,
-            normalises by the samples of all processes instead.
+            As in GRPOConfig, over sampled actions, with a decision in the place of a completion sequence and a
+            sampled action in the place of a token (docs/config_fields.md): `"grpo"` takes each decision's mean over
+            its samples and divides the sum by the decisions of the micro-batch, so every decision weighs the same
+            (see `outcome_loss_weight`). GRPOConfig's default, `"dapo"`, normalises by the samples of all processes.
 
     > Distributed data parallel (TrainingArguments fields with other defaults)
 
@@ -256,7 +257,8 @@ class AleaEnvGRPOConfig(GRPOConfig):
         },
     )
     outcome_loss_weight: float = field(
-        default=1.0, metadata={"help": "Weight of the outcome envs' policy-loss mean (the dense envs' has weight 1)."}
+        default=1.0,
+        metadata={"help": "Weight of an outcome env's decision in the policy loss (a dense env's decision weighs 1)."},
     )
     outcome_baseline_window: int = field(
         default=64, metadata={"help": "Outcome envs: recent returns per env (and step) used to normalise a return."}

@@ -11,7 +11,7 @@ import torch
 
 from alea_trl import AleaEnvGRPOTrainer
 from alea_trl.trainer import grpo_trainer
-from alea_trl.trainer.loss.dense import all_actions_loss
+from alea_trl.trainer.loss.dense import all_actions_loss, mirror_loss
 from alea_trl.trainer.outputs.model_card import _update_sentence
 from alea_trl.trainer.rollout.advantages import all_action_advantages
 
@@ -83,6 +83,28 @@ def test_the_update_fades_at_the_optimum_and_the_loss_is_bounded():
         loss, grad, *_ = _loss_grad(logits, legal, adv)
         assert grad.abs().max() < 10 * torch.exp(torch.tensor(-gap))  # no push on the ruled-out actions
         assert loss.abs() < 2.0
+
+
+def test_a_dense_decision_weighs_one_row_of_its_micro_batch_whatever_the_other_rows_are():
+    """Row 0's all-actions step is divided by the micro-batch's rows, not by its dense rows: it is the same whether
+    the other rows are all-actions decisions too or decisions of another kind (outcome rows, trained by their
+    samples), and the mirror update's is too."""
+    g = torch.Generator().manual_seed(3)
+    legal = torch.ones(4, 5, dtype=torch.bool)
+    logits = torch.randn(4, 5, generator=g).requires_grad_()
+    logp = torch.log_softmax(logits, -1)
+    adv = all_action_advantages(torch.rand(4, 5, generator=g), legal, logp.detach(), "group", torch.zeros(4).long())
+    grads = []
+    for rows in ([True, True, True, True], [True, False, False, False], [True, False, True, False]):
+        rows = torch.tensor(rows)
+        for loss in (
+            all_actions_loss(logp, logp.detach(), adv, legal, rows, 0.2, 0.2)[0],
+            mirror_loss(logp, logp.detach(), adv, legal, rows)[0],
+        ):
+            grads.append(torch.autograd.grad(loss, logits, retain_graph=True)[0][0])
+    for i, grad in enumerate(grads):
+        torch.testing.assert_close(grad, grads[i % 2])
+    assert grads[0].abs().max() > 0.05 and grads[1].abs().max() > 0.05
 
 
 def test_the_clip_stops_only_moves_past_the_ratio_range_and_the_kl_is_exact():

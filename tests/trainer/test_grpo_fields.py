@@ -150,10 +150,11 @@ MASK = [[True] * 3, [True] * 3, [True, False, False]]
 OUTCOME = [False, False, True]
 
 
-def _by_hand(loss_type: str, eps_low: float, eps_high: float, counts: tuple[float, float], weight: float) -> float:
-    """TRL's per-token formulas (trl/trainer/grpo_trainer.py) written out per sample, normalised per kind."""
+def _by_hand(loss_type: str, eps_low: float, eps_high: float, weight: float, samples_everywhere: float = 7.0) -> float:
+    """TRL's per-token formulas (trl/trainer/grpo_trainer.py) written out per sample, a decision row in the place of
+    a sequence and a sample in the place of a token; the outcome row's terms times ``weight``."""
     obj = PolicyObjective(loss_type=loss_type)
-    sums = [0.0, 0.0]
+    row_sums, row_counts = [0.0, 0.0, 0.0], [0, 0, 0]
     for i in range(3):
         for j in range(3):
             if not MASK[i][j]:
@@ -169,8 +170,18 @@ def _by_hand(loss_type: str, eps_low: float, eps_high: float, counts: tuple[floa
                 term = -math.exp(lam + k * math.log(r) - lam * r) * a * logp
             else:
                 term = max(-a * r, -a * min(max(r, 1 - eps_low), 1 + eps_high))
-            sums[OUTCOME[i]] += term
-    return sums[0] / counts[0] + weight * sums[1] / counts[1]
+            row_sums[i] += term * (weight if OUTCOME[i] else 1.0)
+            row_counts[i] += 1
+    n_rows, k = 3, 3
+    if loss_type in ("grpo", "sapo"):  # the mean over rows of each row's sample mean
+        return sum(s / c for s, c in zip(row_sums, row_counts)) / n_rows
+    if loss_type == "luspo":  # the mean over rows of each row's sample sum
+        return sum(row_sums) / n_rows
+    if loss_type == "bnpo":  # the micro-batch's real samples
+        return sum(row_sums) / sum(row_counts)
+    if loss_type == "dr_grpo":  # the constant rows x k
+        return sum(row_sums) / (n_rows * k)
+    return sum(row_sums) / samples_everywhere  # dapo / cispo / vespo: the real samples of all processes / processes
 
 
 def _policy_loss(loss_type, eps_high, weight, collectives=None):
@@ -185,16 +196,11 @@ def _policy_loss(loss_type, eps_high, weight, collectives=None):
     return loss, logp.grad
 
 
-# real samples per kind (dense, outcome): grpo / bnpo / luspo / sapo / dapo / cispo / vespo on one process: 6 and 1;
-# dr_grpo: the kind's rows with samples x k: 2 x 3 and 1 x 3
-COUNTS = {"dr_grpo": (6.0, 3.0)}
-
-
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "luspo", "dr_grpo", "dapo", "cispo", "sapo", "vespo"])
 def test_loss_type_matches_trls_formula_by_hand(loss_type):
     eps_high = 1.3 if loss_type == "cispo" else 0.28  # cispo: the cap of its weight
     loss, grad = _policy_loss(loss_type, eps_high, weight=0.5)
-    want = _by_hand(loss_type, 0.2, eps_high, COUNTS.get(loss_type, (6.0, 1.0)), 0.5)
+    want = _by_hand(loss_type, 0.2, eps_high, 0.5)
     torch.testing.assert_close(loss, torch.tensor(want))
     if loss_type in ("cispo", "vespo"):  # detached weights: d/dlogp = -weight x A / count
         r = torch.tensor(SHIFT).exp()
@@ -204,24 +210,24 @@ def test_loss_type_matches_trls_formula_by_hand(loss_type):
             lam = torch.where(torch.tensor(ADV) >= 0, 3.0, 2.0)
             k = torch.where(torch.tensor(ADV) >= 0, 2.0, 3.0)
             w = torch.exp(lam + k * r.log() - lam * r)
-        scale = torch.tensor([[1 / 6] * 3, [1 / 6] * 3, [0.5, 0.0, 0.0]])
+        scale = torch.tensor([[1 / 7] * 3, [1 / 7] * 3, [0.5 / 7, 0.0, 0.0]])  # 7 real samples; the outcome row x 0.5
         torch.testing.assert_close(grad, -w * torch.tensor(ADV) * scale)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "cispo", "vespo"])
 def test_global_count_losses_divide_by_all_processes_samples(loss_type):
-    """dapo / cispo / vespo: each kind's sum over the kind's samples of all processes / their number (here a second
-    process holds 4 dense and 3 outcome samples)."""
+    """dapo / cispo / vespo: the sum over the micro-batch's samples / (the real samples of all processes / their
+    number); here a second process holds 3 samples, so the divisor is (7 + 3) / 2."""
     calls = []
 
     def other_process(t):
         calls.append(t.clone())
-        return t + torch.tensor([4.0, 3.0])
+        return t + 3.0
 
     eps_high = 1.3 if loss_type == "cispo" else 0.28
     loss, _ = _policy_loss(loss_type, eps_high, 1.0, Collectives(sum=other_process, num_processes=2))
-    torch.testing.assert_close(loss, torch.tensor(_by_hand(loss_type, 0.2, eps_high, ((6 + 4) / 2, (1 + 3) / 2), 1.0)))
-    assert len(calls) == 1 and calls[0].tolist() == [6.0, 1.0]  # one collective per micro-batch
+    torch.testing.assert_close(loss, torch.tensor(_by_hand(loss_type, 0.2, eps_high, 1.0, (7 + 3) / 2)))
+    assert len(calls) == 1 and calls[0].tolist() == [7.0]  # one collective per micro-batch
 
 
 # ------------------------------------------------------------------------------------- off_policy_mask_threshold

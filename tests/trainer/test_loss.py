@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from alea_trl.trainer.loss import exact_kl, policy_loss
+from alea_trl.trainer.loss.policy import PolicyObjective
 from alea_trl.trainer.rollout.advantages import env_batch_std, group_advantages, outcome_advantage
 
 
@@ -51,29 +52,57 @@ def test_masked_samples_do_not_count():
     torch.testing.assert_close(loss, torch.tensor(-2.0))
 
 
-def test_dense_and_outcome_samples_are_averaged_separately():
-    """The outcome envs' share of the policy gradient does not depend on k or on how many dense rows share the
-    batch: each kind's samples are averaged on their own and the means added (the outcome one weighted)."""
-    g = torch.Generator().manual_seed(0)
+def _row_grads(logp0, adv, mask, outcome, weight=1.0, loss_type="grpo"):
+    """The gradient of :func:`policy_loss` on each sampled log-prob, `(N, k)`."""
+    logp = logp0.clone().requires_grad_(True)
+    loss, _ = policy_loss(
+        logp, logp0, adv, mask, 0.2, 0.2, outcome_rows=outcome, outcome_weight=weight,
+        objective=PolicyObjective(loss_type=loss_type),
+    )  # fmt: skip
+    loss.backward()
+    return logp.grad
 
-    def outcome_grad(n_dense: int, k: int, weight: float) -> torch.Tensor:
-        logp = torch.log(torch.full((n_dense + 1, k), 0.5)).requires_grad_(True)
-        adv = torch.randn(n_dense + 1, k, generator=g)
-        adv[-1] = torch.tensor([1.5] + [0.0] * (k - 1))
-        mask = torch.ones(n_dense + 1, k, dtype=torch.bool)
-        mask[-1, 1:] = False  # the outcome row: one replayed action
-        outcome = torch.tensor([False] * n_dense + [True])
-        loss, stats = policy_loss(
-            logp, logp.detach(), adv, mask, 0.2, 0.2, outcome_rows=outcome, outcome_weight=weight
-        )
-        loss.backward()
-        assert stats.n_outcome == 1
-        return logp.grad[-1, 0]
 
-    base = outcome_grad(3, 4, 1.0)
-    torch.testing.assert_close(base, torch.tensor(-1.5))  # the outcome mean of one sample, weight 1
-    torch.testing.assert_close(outcome_grad(12, 16, 1.0), base)  # more dense rows, larger k: the same share
-    torch.testing.assert_close(outcome_grad(3, 4, 0.25), 0.25 * base)
+@pytest.mark.parametrize("loss_type", ["grpo", "sapo", "luspo", "dr_grpo"])
+def test_a_decision_weighs_the_same_whatever_shares_its_micro_batch(loss_type):
+    """Row 0's pull does not depend on the kind, the number of samples or the order of the other rows of its
+    micro-batch (rows of the same count): one decision, one weight."""
+    g = torch.Generator().manual_seed(1)
+    k, n = 4, 6
+    logp0 = torch.log(torch.rand(n, k, generator=g) * 0.8 + 0.1)
+    adv = torch.randn(n, k, generator=g)
+    mask = torch.ones(n, k, dtype=torch.bool)
+    base = _row_grads(logp0, adv, mask, torch.zeros(n, dtype=torch.bool), loss_type=loss_type)[0]
+    assert base.abs().min() > 0
+    for seed in range(5):
+        mates = torch.Generator().manual_seed(100 + seed)
+        outcome = torch.rand(n, generator=mates) < 0.5
+        outcome[0] = False
+        mixed = mask.clone()
+        mixed[1:, 1:] &= outcome[1:, None].logical_not()  # the outcome mates: one replayed action each
+        order = torch.cat([torch.zeros(1, dtype=torch.long), 1 + torch.randperm(n - 1, generator=mates)])
+        grads = _row_grads(logp0[order], adv[order], mixed[order], outcome[order], loss_type=loss_type)
+        torch.testing.assert_close(grads[0], base)
+
+
+def test_a_dense_and_an_outcome_decision_of_equal_advantages_pull_equally_at_weight_one():
+    """A dense decision's k samples of one action with advantage A, and an outcome decision's one replayed sample of
+    that action with advantage A (or k branched samples): the same step on that action's log-prob at
+    ``outcome_loss_weight`` 1, and ``w`` times it at weight ``w``."""
+    k = 8
+    logp0 = torch.log(torch.full((3, k), 0.25))
+    adv = torch.full((3, k), 0.7)
+    mask = torch.ones(3, k, dtype=torch.bool)
+    mask[1, 1:] = False  # row 1: an outcome decision replayed with its one action; row 2: a branched one (k)
+    outcome = torch.tensor([False, True, True])
+    grads = _row_grads(logp0, adv, mask, outcome)
+    dense_pull, replayed_pull, branched_pull = grads[0].sum(), grads[1].sum(), grads[2].sum()
+    torch.testing.assert_close(replayed_pull, dense_pull)
+    torch.testing.assert_close(branched_pull, dense_pull)
+    torch.testing.assert_close(dense_pull, torch.tensor(-0.7 / 3))  # -A / N: each of the 3 decisions weighs 1/3
+    heavier = _row_grads(logp0, adv, mask, outcome, weight=2.5)
+    torch.testing.assert_close(heavier[1].sum(), 2.5 * dense_pull)
+    torch.testing.assert_close(heavier[0].sum(), dense_pull)  # the dense decision's pull is unchanged
 
 
 def test_delta_bounds_the_loss_of_a_negative_advantage_with_a_large_ratio():

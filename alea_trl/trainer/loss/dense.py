@@ -22,8 +22,9 @@ action better than the policy's average gets a step that does not shrink with it
 3. PPO's clip per action on its ratio to the behaviour policy (``num_iterations > 1``): an action whose advantage is
    positive and ratio above ``1 + epsilon_high`` (negative and below ``1 - epsilon_low``) stops training on this
    batch.
-4. Each decision is one term, whatever its number of legal actions: the dense envs' loss is the mean over their
-   decisions, as the sampled update's is the mean over their samples.
+4. Each decision is one term, whatever its number of legal actions, and the terms are summed and divided by the rows
+   of the micro-batch, as the sampled update's per-decision means are (:func:`~alea_trl.trainer.loss.policy.policy_loss`):
+   a decision weighs the same whatever shares its micro-batch.
 
 ``dense_update="mirror"``: the act is trained toward a mirror-descent target over its legal actions.
 The objective of one dense decision is GRPO's, over the legal actions and with the exact expected rewards the env
@@ -68,7 +69,8 @@ def all_actions_loss(
     epsilon_low: float,
     epsilon_high: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The all-actions policy loss of the decisions in ``rows`` (the mean of their terms, see the module docstring).
+    """The all-actions policy loss of the decisions in ``rows``: the sum of their terms divided by the number of rows
+    (``N``, the micro-batch's decisions; see the module docstring).
 
     Args:
         logp_all (`torch.Tensor` of shape `(N, A)`): current log-probs of the legal actions (with autograd).
@@ -91,7 +93,7 @@ def all_actions_loss(
     keep = terms & ~clipped
     # A > 0: A log p (a step of A (1 - p) on the logit); A < 0: A p (the exact expected gradient, fading with p)
     objective = torch.where(adv > 0, logp, logp.exp())
-    loss = -(adv * objective * keep).sum() / rows.sum().clamp(min=1)
+    loss = -(adv * objective * keep).sum() / max(rows.shape[0], 1)
     with torch.no_grad():
         kl = (old.exp() * (old - logp)).masked_fill(~terms, 0.0).sum()
     return loss, (clipped & terms).sum().float(), kl
@@ -100,8 +102,8 @@ def all_actions_loss(
 def mirror_loss(
     logp_all: torch.Tensor, old_logp_all: torch.Tensor, steps: torch.Tensor, legal: torch.Tensor, rows: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mirror loss of the decisions in ``rows``: the mean over them of ``1/2 |lp - lp_old - g|^2`` on centred
-    log-probs of the legal actions.
+    """The mirror loss of the decisions in ``rows``: the sum over them of ``1/2 |lp - lp_old - g|^2`` on centred
+    log-probs of the legal actions, divided by the number of rows (``N``, the micro-batch's decisions).
 
     Args:
         logp_all (`torch.Tensor` of shape `(N, A)`): current log-probs (with autograd).
@@ -121,7 +123,7 @@ def mirror_loss(
     moved = (logp_all - old_logp_all.float()).masked_fill(~legal, 0.0)  # (N, A)
     moved = (moved - moved.sum(-1, keepdim=True) / n_legal).masked_fill(~legal, 0.0)  # centred: shift-free
     residual = (moved - steps).masked_fill(~terms, 0.0)
-    loss = 0.5 * residual.square().sum() / rows.sum().clamp(min=1)
+    loss = 0.5 * residual.square().sum() / max(rows.shape[0], 1)
     with torch.no_grad():
         old = old_logp_all.float()
         kl = (old.exp() * (old - logp_all)).masked_fill(~terms, 0.0).sum()

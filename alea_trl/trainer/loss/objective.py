@@ -4,15 +4,19 @@ the legal options, and the proper-scoring report losses (the advantages it weigh
 tensor functions, tested on hand-built tensors; the trainers and the benchmarks' unpacked loop call the same ones.
 
 Design decisions:
-1. The dense envs' samples and the outcome envs' samples are normalised separately (see
-   :func:`~alea_trl.trainer.loss.policy.policy_loss`).
+1. One decision, one weight: every policy term (a decision's sampled actions, its all-actions or mirror term) and
+   every KL term is summed over the decisions and divided by the rows of the micro-batch, ``N``, the same in every
+   micro-batch; an outcome env's policy term is multiplied by ``outcome_loss_weight`` (see
+   :func:`~alea_trl.trainer.loss.policy.policy_loss`). So a decision's pull does not depend on what shares its
+   micro-batch, and at weight 1 a dense and an outcome decision of equal advantages pull equally.
 2. One decision row holds up to k sampled actions (dense) or one replayed action (outcome); ``sample_mask`` marks the
-   real ones. The default policy loss (``loss_type="grpo"``) is the mean over real samples of ``max(-A r, -A clip(r,
-   1-eps_low, 1+eps_high))`` with ``r = exp(logp - old_logp)`` (PPO/GRPO, Schulman et al. 2017; Shao et al. 2024).
+   real ones. The default policy loss (``loss_type="grpo"``) is, per decision, the mean over its real samples of
+   ``max(-A r, -A clip(r, 1-eps_low, 1+eps_high))`` with ``r = exp(logp - old_logp)`` (PPO/GRPO, Schulman et al.
+   2017; Shao et al. 2024).
 3. The other ``loss_type`` terms and normalisations, the off-policy mask, the high-entropy mask and the entropy bonus
    are TRL's, read over sampled actions (:mod:`~alea_trl.trainer.loss.policy`).
 4. The KL is exact, ``sum_a p(a) (log p(a) - log p_ref(a))`` over the legal actions, not a sampled estimator; it is a
-   mean over the rows whose KL trains in this forward (``kl_report_mask``).
+   summed over the rows whose KL trains in this forward (``kl_report_mask``) and divided by ``N``.
 5. Report losses are computed per question with the strictly proper rule of its qtype against the oracle target.
 6. Every head takes part in every loss (at weight 0 when it has no term): DDP runs without searching for unused
    parameters.
@@ -245,7 +249,7 @@ def grpo_loss(
         ref_logp = fit_width(inputs["ref_logps"].to(device), logp_all.shape[-1])  # (N, A)
         kl = exact_kl(logp_all, ref_logp, legal) * kl_report_mask
         kl_mask = kl_report_mask if mirror_rows is None else kl_report_mask * ~mirror_rows  # mirror: folded in
-        loss = loss + beta * (kl * kl_mask).sum() / kl_mask.sum().clamp(min=1.0)
+        loss = loss + beta * (kl * kl_mask).sum() / max(len(kl_mask), 1)  # one decision, one weight (as the policy)
     reports = report_losses(output, batch, inputs["targets"], taus)
     report_loss, has_reports = mean_report_loss(reports, device)
     loss = loss + report_w * report_loss

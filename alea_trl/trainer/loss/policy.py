@@ -8,13 +8,20 @@ Design decisions:
    A)`` with ``r'`` = ``r`` capped at ``delta`` when set; cispo ``-min(r, eps_high).detach() A logp``; sapo
    ``-sigmoid(t (r - 1)) 4 / t A`` with ``t`` the temperature of the advantage's sign; vespo ``-phi(r) A logp`` with
    TRL's gamma weight ``phi`` (``GRPOTrainer.get_gamma_weights``, called with one sample per row).
-2. Normalisation, per kind of sample (dense / outcome, see :func:`policy_loss`): grpo, bnpo, luspo and sapo take the
-   mean over the kind's real samples of the micro-batch (with one action per sequence, TRL's per-sequence length
-   mean, its local token count and its per-sequence sum all reduce to it); dr_grpo divides the sum by a constant, the
-   kind's rows that train an action x k (the most samples they can hold, as TRL's ``B x max_completion_length``), so
-   an outcome decision replayed with one action weighs 1/k of a decision with k; dapo, cispo and vespo divide the sum
-   by the kind's real samples of the micro-batch summed over all processes, divided by their number (DDP averages the
-   processes' gradients, so each sample of the step weighs the same, wherever it was drawn).
+2. Normalisation: one decision (a row of the micro-batch) stands where TRL has one completion sequence, and one
+   sampled action where TRL has one completion token, so TRL's formulas apply with rows for sequences and samples for
+   tokens. ``N`` is the number of rows of the micro-batch (every decision it answers, whether or not its action trains
+   now: a fresh outcome decision that waits for its episode's end trains later, as a replay) and is the same in every
+   micro-batch of a run, as TRL's sequences per micro-batch are. grpo and sapo take each row's mean over its real
+   samples and sum the rows divided by ``N`` (TRL: the mean over sequences of each sequence's token mean): every
+   decision weighs ``1 / N`` whatever its number of samples and whatever shares its micro-batch; luspo sums each row's
+   samples and divides by ``N``; bnpo divides the sum by the real samples of the micro-batch (TRL: its tokens);
+   dr_grpo divides the sum by the constant ``N x k`` (TRL: ``B x max_completion_length``), so a replayed outcome
+   decision with one action weighs 1/k of a decision with k; dapo, cispo and vespo divide the sum by the real samples
+   of the micro-batch summed over all processes, divided by their number (TRL counts the tokens of the whole
+   generation batch; here actions can be sampled in the loss forward itself, so the count is the micro-batch's). An
+   outcome env's row is multiplied by ``outcome_weight``, a dense env's by 1: at weight 1 a dense and an outcome
+   decision of equal advantages pull equally.
 3. The off-policy mask (DeepSeek-V3.2, TRL's ``get_off_policy_mask``, ``off_policy_mask_threshold``) keeps a sample
    unless its advantage is negative and ``old_logp - logp`` exceeds the threshold; masks zero terms, they do not
    change the normalisers (as TRL).
@@ -171,25 +178,35 @@ def off_policy_keep(
     return keep.reshape(logp.shape)
 
 
-def kind_normalisers(
-    loss_type: str, kinds: list[torch.Tensor], k: int, collectives: Collectives
-) -> list[torch.Tensor | None]:
-    """The normaliser of each kind's sum of policy terms (see the module docstring); ``None`` for the losses that take
-    the mean over the kind's real samples (computed by the caller, so the default loss keeps its exact arithmetic).
+def decision_normaliser(
+    loss_type: str, sample_mask: torch.Tensor, collectives: Collectives
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """How ``loss_type`` normalises the weighted policy terms of a micro-batch (see the module docstring).
 
     Args:
         loss_type (`str`): the loss type.
-        kinds (`list[torch.Tensor]`): per kind, its real samples `(N, k)` (bool).
-        k (`int`): the widest row (``num_generations``).
-        collectives (`Collectives`): the cross-process sum (dapo, cispo, vespo: one call for all kinds, on every
-            process, once per micro-batch, whether or not the process holds samples).
+        sample_mask (`torch.Tensor` of shape `(N, k)`): the real samples of the micro-batch's ``N`` rows.
+        collectives (`Collectives`): the cross-process sum (dapo, cispo, vespo: one call on every process, once per
+            micro-batch, whether or not the process holds samples).
+
+    Returns:
+        `(torch.Tensor | None, torch.Tensor)`: the per-row divisor of each row's sum over its samples (`(N,)`, ``None``
+        for a plain sum), and the divisor of the sum over rows (a scalar).
     """
-    if loss_type in GLOBAL_COUNT_LOSSES:
-        total = collectives.sum(torch.stack([m.sum() for m in kinds]).float())
-        return list((total.clamp(min=1.0) / collectives.num_processes).unbind())
+    n_rows, k = sample_mask.shape
+    rows = torch.tensor(float(max(n_rows, 1)), device=sample_mask.device)
+    if loss_type in ("grpo", "sapo"):
+        return sample_mask.sum(-1).clamp(min=1).float(), rows
+    if loss_type == "luspo":
+        return None, rows
+    if loss_type == "bnpo":
+        return None, sample_mask.sum().clamp(min=1).float()
     if loss_type == "dr_grpo":
-        return [(m.any(-1).sum() * k).clamp(min=1).float() for m in kinds]
-    return [None] * len(kinds)
+        return None, rows * k
+    if loss_type in GLOBAL_COUNT_LOSSES:
+        total = collectives.sum(sample_mask.sum().float().reshape(1))[0]
+        return None, total.clamp(min=1.0) / collectives.num_processes
+    raise ValueError(f"decision_normaliser: field 'loss_type': unknown {loss_type!r}")
 
 
 @dataclass
@@ -231,13 +248,13 @@ def policy_loss(
     keep: torch.Tensor | None = None,
     collectives: Collectives | None = None,
 ) -> tuple[torch.Tensor, PolicyStats]:
-    """Policy loss over sampled actions, with the dense envs' and the outcome envs' samples normalised separately.
+    """Policy loss over sampled actions: one decision, one weight.
 
-    A dense decision carries k samples and an outcome decision one (or k when branched), so one mean over all samples
-    would give the outcome envs a share that depends on k and on the batch mix. Each kind's samples are normalised on
-    their own (by ``objective.loss_type``'s normaliser, see :func:`kind_normalisers`) and the two added, the
-    outcome one weighted by ``outcome_weight``: a kind's gradient scale does not depend on whether the other kind is
-    in the batch.
+    A dense decision carries k samples and an outcome decision one (or k when branched). Under the default loss
+    (``"grpo"``) each decision's term is the mean over its samples and the terms are summed and divided by the rows of
+    the micro-batch, an outcome env's term times ``outcome_weight``: a decision's weight does not depend on its
+    number of samples, on what shares its micro-batch or on the batch order (the other loss types: see the module
+    docstring and :func:`decision_normaliser`).
 
     Args:
         logp, old_logp, advantages (`torch.Tensor` of shape `(N, k)`): current and behaviour log-probs of the sampled
@@ -247,7 +264,7 @@ def policy_loss(
         delta (`float`, *optional*): TRL's two-sided clip: the unclipped ratio is capped at ``delta``, which bounds the
             loss of a sample with a negative advantage whose ratio grew large (a stale replay).
         outcome_rows (`torch.Tensor` of shape `(N,)`, *optional*): which rows belong to outcome envs (default: none).
-        outcome_weight (`float`): weight of the outcome envs' term.
+        outcome_weight (`float`): weight of an outcome env's decision relative to a dense env's.
         objective (`PolicyObjective`, *optional*): ``loss_type`` and its settings, and the off-policy mask threshold
             (default: ``"grpo"``, no mask).
         keep (`torch.Tensor` of shape `(N, k)`, *optional*): samples whose terms count (the others' are zeroed, the
@@ -263,17 +280,14 @@ def policy_loss(
         )
     if keep is not None:
         pg_loss = pg_loss * keep
-    outcome = torch.zeros_like(sample_mask) if outcome_rows is None else outcome_rows[:, None].expand_as(sample_mask)
-    kinds = (sample_mask & ~outcome, sample_mask & outcome)
-    normalisers = kind_normalisers(
-        objective.loss_type, list(kinds), sample_mask.shape[-1], collectives or Collectives()
-    )
-    loss = pg_loss.new_zeros(())
-    for kind, weight, normaliser in zip(kinds, (1.0, outcome_weight), normalisers):
-        if outcome_rows is None or kind.any():
-            mask = kind.float()
-            normaliser = mask.sum().clamp(min=1.0) if normaliser is None else normaliser
-            loss = loss + weight * (pg_loss * mask).sum() / normaliser
+    outcome_rows = torch.zeros_like(sample_mask[:, 0]) if outcome_rows is None else outcome_rows
+    outcome = outcome_rows[:, None].expand_as(sample_mask)
+    row_weight = torch.where(outcome_rows, outcome_weight, 1.0).to(pg_loss.dtype)  # (N,)
+    per_row, total = decision_normaliser(objective.loss_type, sample_mask, collectives or Collectives())
+    row_sums = (pg_loss * sample_mask).sum(-1)  # (N,)
+    if per_row is not None:
+        row_sums = row_sums / per_row
+    loss = (row_weight * row_sums).sum() / total
     with torch.no_grad():
         clipped = clipped & sample_mask
         n_real, n_outcome = sample_mask.sum().clamp(min=1), (sample_mask & outcome).sum()
@@ -325,8 +339,8 @@ __all__ = [
     "PolicyObjective",
     "PolicyStats",
     "act_entropy",
+    "decision_normaliser",
     "high_entropy_samples",
-    "kind_normalisers",
     "off_policy_keep",
     "per_sample_loss",
     "policy_loss",
