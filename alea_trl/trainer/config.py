@@ -15,11 +15,12 @@ from .config_checks import (
     check_resolved_fields,
     fold_trust_remote_code,
 )
+from .loss.dense import STEP_TARGET_UPDATES
 
 
 TRAIN_MODES = ("heads", "tail", "full", "lora")
 DENSE_ADVANCE = ("best_of_k", "sample")
-DENSE_UPDATES = ("sampled", "all_actions", "mirror")
+DENSE_UPDATES = ("sampled", "all_actions", *STEP_TARGET_UPDATES)
 ENV_ERROR_MODES = ("raise", "skip")
 OUTCOME_ADVANTAGES = ("rtg", "branch", "episode")
 
@@ -103,9 +104,12 @@ class AleaEnvGRPOConfig(GRPOConfig):
             target of GRPO's own objective `E[Q] / scale - beta KL(pi || pi_ref)` over the legal actions: every step
             ascends it, its fixed point is `pi*(a) ~ pi_ref(a) exp(Q(a) / (scale beta))` (greedy at `beta = 0`), its
             size is at most the largest advantage whatever the number of legal actions and its loss is bounded; the
-            KL is folded into its steps (no separate KL term for these decisions).
+            KL is folded into its steps (no separate KL term for these decisions). `"all_actions_ascent"` keeps
+            the all-actions step (its push away from a mode that better actions beat) with the same four properties:
+            the KL folded into the advantages, a step whose cosine with the objective's gradient is under 0.1 lifted
+            to 0.1, its size capped at the largest advantage, and the step fitted as `"mirror"`'s is.
             `loss_type` (other than grpo / bnpo), `top_entropy_quantile` and `off_policy_mask_threshold` act on
-            sampled actions and are refused with `"all_actions"`: set `"sampled"` to use them. Outcome decisions
+            sampled actions and are refused unless `"sampled"`: set it to use them. Outcome decisions
             train by their samples either way.
         outcome_advantage (`str`, *optional*, defaults to `"branch"`):
             How an outcome decision's sampled action is valued: `"rtg"`, its reward-to-go (this and every later
@@ -234,7 +238,8 @@ class AleaEnvGRPOConfig(GRPOConfig):
         default="all_actions",
         metadata={
             "help": "What trains dense decisions: 'all_actions' (every legal action), 'mirror' (every legal action, "
-            "toward the mirror-descent target of E[Q] - beta KL) or 'sampled' (the k samples)."
+            "toward the mirror-descent target of E[Q] - beta KL), 'all_actions_ascent' (every legal action, toward the "
+            "all-actions step made an ascent of E[Q] - beta KL, bounded) or 'sampled' (the k samples)."
         },
     )
     outcome_advantage: str = field(

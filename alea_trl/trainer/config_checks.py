@@ -224,7 +224,7 @@ def check_resolved_fields(config) -> None:
     for name, ok, what in checks:
         if not ok:
             _fail(name, f"must be {what}, got {getattr(config, name)!r}", "set a valid value")
-    if config.dense_update in ("all_actions", "mirror"):
+    if config.dense_update != "sampled":
         for name, off in (
             ("loss_type", config.loss_type in ("grpo", "bnpo")),
             ("top_entropy_quantile", config.top_entropy_quantile == 1.0),

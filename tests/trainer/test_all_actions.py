@@ -11,7 +11,7 @@ import torch
 
 from alea_trl import AleaEnvGRPOTrainer
 from alea_trl.trainer import grpo_trainer
-from alea_trl.trainer.loss.dense import all_actions_loss, mirror_loss
+from alea_trl.trainer.loss.dense import all_actions_loss, step_target_loss
 from alea_trl.trainer.outputs.model_card import _update_sentence
 from alea_trl.trainer.rollout.advantages import all_action_advantages
 
@@ -99,7 +99,7 @@ def test_a_dense_decision_weighs_one_row_of_its_micro_batch_whatever_the_other_r
         rows = torch.tensor(rows)
         for loss in (
             all_actions_loss(logp, logp.detach(), adv, legal, rows, 0.2, 0.2)[0],
-            mirror_loss(logp, logp.detach(), adv, legal, rows)[0],
+            step_target_loss(logp, logp.detach(), adv, legal, rows)[0],
         ):
             grads.append(torch.autograd.grad(loss, logits, retain_graph=True)[0][0])
     for i, grad in enumerate(grads):
@@ -155,7 +155,8 @@ def test_every_dense_row_trains_by_all_its_actions(tiny_model, tokenizer, make_a
 
 
 @pytest.mark.parametrize(
-    "dense_update, scale_rewards", [("all_actions", "group"), ("all_actions", "none"), ("mirror", "group")]
+    "dense_update, scale_rewards",
+    [("all_actions", "group"), ("all_actions", "none"), ("mirror", "group"), ("all_actions_ascent", "group")],
 )
 def test_learns_dense_env_by_every_legal_action(tiny_model, tokenizer, make_args, dense_update, scale_rewards):
     model = tiny_model()

@@ -26,7 +26,7 @@ action better than the policy's average gets a step that does not shrink with it
    of the micro-batch, as the sampled update's per-decision means are (:func:`~alea_trl.trainer.loss.policy.policy_loss`):
    a decision weighs the same whatever shares its micro-batch.
 
-``dense_update="mirror"``: the act is trained toward a mirror-descent target over its legal actions.
+``dense_update="mirror"``: the act is trained toward a mirror-descent target over its legal actions (5-8).
 The objective of one dense decision is GRPO's, over the legal actions and with the exact expected rewards the env
 reports: ``J(pi) = sum_a pi(a) Q(a) / s - beta KL(pi || pi_ref)`` (``s`` the reward scale of ``scale_rewards``).
 
@@ -51,6 +51,27 @@ reports: ``J(pi) = sum_a pi(a) Q(a) / s - beta KL(pi || pi_ref)`` (``s`` the rew
    ``num_iterations > 1`` later passes approach the same target and stop there, so no ratio clip is needed.
 8. ``temperature`` divides the logits before the softmax (as in TRL): the target is on the log-probs of the sampled
    policy, so its logit gradient scales by ``1 / temperature``.
+
+``dense_update="all_actions_ascent"``: the all-actions step, repaired into a step on the same objective ``J`` and
+fitted as the mirror step is (7, 8).
+
+9. The step starts from all-actions' logit step on the regularised advantages of 5: ``w(a) = A(a)`` for a better
+   action, ``A(a) pi_old(a)`` for a worse one, and ``g = w - pi_old sum_b w(b)``. Its shift ``- pi_old sum_b w(b)``
+   cuts a mode's logit by the advantages of the actions better than it, a push away from a mode that better actions
+   beat which the natural-gradient step of 6 gives only through the mode's own advantage; on newsvendor that push is
+   what takes the policy past its best state-blind order (``benchmarks/RESULTS.md``).
+10. Ascent: where the cosine of ``g`` with the gradient of ``J``, ``pi_old * A``, is under ``ASCENT_MIN_COSINE``
+   (0.1), the multiple of ``pi_old * A`` that brings it to 0.1 exactly is added (its component across the gradient
+   is kept). So every step ascends ``J`` (all-actions alone did not on about one random decision in ten).
+11. Fixed point: with the KL folded into the advantages, ``g`` is zero exactly where ``A`` is zero on every legal
+   action (a better action's ``w = A > 0`` cannot be balanced by the shift unless every ``A`` is 0), i.e. at
+   ``pi*(a) ~ pi_ref(a) exp(Q(a) / (s beta))`` (greedy at ``beta = 0``); all-actions with a separate KL term settled
+   greedier than ``pi*``.
+12. Size: the centred step is scaled down to at most the largest advantage ``max |A|``. Up to that cap it grows with
+   the number of actions as all-actions does (0.74 at 2 actions to 1.78 at 20 on random decisions), then stops (1.85
+   at 40; all-actions 4.74 there and growing). An improbable better action keeps a step of about ``A``, as under
+   all-actions, so it does not stall; a ruled-out action's push fades with its probability, and the loss is bounded
+   by ``max A^2 / 2``.
 """
 
 from __future__ import annotations
@@ -58,6 +79,11 @@ from __future__ import annotations
 import torch
 
 from ..act import fit_width
+
+
+STEP_TARGET_UPDATES = ("mirror", "all_actions_ascent")
+"""The ``dense_update`` values whose decisions are fitted to a log-prob step computed when the decision is made
+(:func:`step_target_loss`)."""
 
 
 def all_actions_loss(
@@ -99,16 +125,17 @@ def all_actions_loss(
     return loss, (clipped & terms).sum().float(), kl
 
 
-def mirror_loss(
+def step_target_loss(
     logp_all: torch.Tensor, old_logp_all: torch.Tensor, steps: torch.Tensor, legal: torch.Tensor, rows: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mirror loss of the decisions in ``rows``: the sum over them of ``1/2 |lp - lp_old - g|^2`` on centred
+    """The step-target loss of the decisions in ``rows`` (``mirror`` and ``all_actions_ascent``): the sum over them of ``1/2 |lp - lp_old - g|^2`` on centred
     log-probs of the legal actions, divided by the number of rows (``N``, the micro-batch's decisions).
 
     Args:
         logp_all (`torch.Tensor` of shape `(N, A)`): current log-probs (with autograd).
         old_logp_all, steps (`torch.Tensor` of shape `(N, A')`): behaviour log-probs and the steps of
-            :func:`mirror_steps`, zero-padded (``A'`` may differ from ``A``: the widest row of another batch).
+            :func:`~alea_trl.trainer.rollout.advantages.mirror_steps` or
+            :func:`~alea_trl.trainer.rollout.advantages.ascent_steps`, zero-padded (``A'`` may differ from ``A``: the widest row of another batch).
         legal (`torch.Tensor` of shape `(N, A)`): which actions are legal.
         rows (`torch.Tensor` of shape `(N,)`): the decisions trained by this update.
 
@@ -130,4 +157,4 @@ def mirror_loss(
     return loss, kl
 
 
-__all__ = ["all_actions_loss", "mirror_loss"]
+__all__ = ["STEP_TARGET_UPDATES", "all_actions_loss", "step_target_loss"]

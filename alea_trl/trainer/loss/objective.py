@@ -4,7 +4,7 @@ the legal options, and the proper-scoring report losses (the advantages it weigh
 tensor functions, tested on hand-built tensors; the trainers and the benchmarks' unpacked loop call the same ones.
 
 Design decisions:
-1. One decision, one weight: every policy term (a decision's sampled actions, its all-actions or mirror term) and
+1. One decision, one weight: every policy term (a decision's sampled actions, its all-actions or step-target term) and
    every KL term is summed over the decisions and divided by the rows of the micro-batch, ``N``, the same in every
    micro-batch; an outcome env's policy term is multiplied by ``outcome_loss_weight`` (see
    :func:`~alea_trl.trainer.loss.policy.policy_loss`). So a decision's pull does not depend on what shares its
@@ -34,7 +34,7 @@ from ...collate import PackedBatch
 from ...losses import bernoulli_brier, choice_loss, crps_loss, pinball_loss
 from ...questions import ACT_QID, QTYPES
 from ..act import act_logits_of, fit_width
-from .dense import all_actions_loss, mirror_loss
+from .dense import STEP_TARGET_UPDATES, all_actions_loss, step_target_loss
 from .policy import Collectives, PolicyObjective, PolicyStats, act_entropy, high_entropy_samples, policy_loss
 
 
@@ -138,9 +138,9 @@ class ObjectiveSettings:
         delta (`float`, *optional*), outcome_weight (`float`): see :func:`~alea_trl.trainer.loss.policy.policy_loss`
             (the rows of outcome envs are ``inputs["outcome_rows"]``).
         dense_update (`str`, defaults to `"all_actions"`): how the rows of ``inputs["all_actions_rows"]`` train:
-            ``"all_actions"`` (:func:`~alea_trl.trainer.loss.dense.all_actions_loss`) or ``"mirror"``
-            (:func:`~alea_trl.trainer.loss.dense.mirror_loss`, whose steps hold the reference term: those rows take no
-            separate ``beta`` x KL).
+            ``"all_actions"`` (:func:`~alea_trl.trainer.loss.dense.all_actions_loss`), ``"mirror"`` or
+            ``"all_actions_ascent"`` (:func:`~alea_trl.trainer.loss.dense.step_target_loss`, whose steps hold the
+            reference term: those rows take no separate ``beta`` x KL).
         policy (`PolicyObjective`): ``loss_type`` and its settings, the off-policy mask threshold and
             ``top_entropy_quantile``.
     """
@@ -222,10 +222,10 @@ def grpo_loss(
         settings.outcome_weight,
         objective=objective, keep=keep, collectives=collectives,
     )  # fmt: skip
-    mirror_rows = all_rows if all_rows is not None and dense_update == "mirror" else None
-    if mirror_rows is not None and bool(mirror_rows.any()):
-        dense_loss, kl_sum = mirror_loss(
-            logp_all, inputs["old_logps_all"].to(device), inputs["action_advantages"].to(device), legal, mirror_rows
+    target_rows = all_rows if all_rows is not None and dense_update in STEP_TARGET_UPDATES else None
+    if target_rows is not None and bool(target_rows.any()):
+        dense_loss, kl_sum = step_target_loss(
+            logp_all, inputs["old_logps_all"].to(device), inputs["action_advantages"].to(device), legal, target_rows
         )
         n_clipped = torch.zeros((), device=device)  # the loss stops at its target: nothing to clip
         pg_loss, stats = pg_loss + dense_loss, with_all_actions(stats, n_clipped, (legal & all_rows[:, None]).sum(),
@@ -248,7 +248,7 @@ def grpo_loss(
     if beta != 0.0:
         ref_logp = fit_width(inputs["ref_logps"].to(device), logp_all.shape[-1])  # (N, A)
         kl = exact_kl(logp_all, ref_logp, legal) * kl_report_mask
-        kl_mask = kl_report_mask if mirror_rows is None else kl_report_mask * ~mirror_rows  # mirror: folded in
+        kl_mask = kl_report_mask if target_rows is None else kl_report_mask * ~target_rows  # folded into the steps
         loss = loss + beta * (kl * kl_mask).sum() / max(len(kl_mask), 1)  # one decision, one weight (as the policy)
     reports = report_losses(output, batch, inputs["targets"], taus)
     report_loss, has_reports = mean_report_loss(reports, device)

@@ -412,11 +412,10 @@ def _update_sentence(args, outcome) -> str:
             f"outcome decisions are valued by {value}"
         )
     groups = f"are GRPO groups of {_group_sizes(args)} actions " if outcome == "branch" else "are "
-    how = (
-        "toward the mirror-descent target of E[Q] - beta KL"
-        if update == "mirror"
-        else "on every legal action's exact expected reward"
-    )
+    how = {
+        "mirror": "toward the mirror-descent target of E[Q] - beta KL",
+        "all_actions_ascent": "toward the all-actions step made an ascent of E[Q] - beta KL",
+    }.get(update, "on every legal action's exact expected reward")
     return f'dense decisions train {how} (`dense_update="{update}"`), outcome decisions {groups}valued by {value}'
 
 

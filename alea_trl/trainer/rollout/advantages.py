@@ -11,7 +11,8 @@ Design decisions:
 3. A dense decision trained by every legal action (``dense_update``, see :mod:`~alea_trl.trainer.loss.dense`):
    ``all_actions``: the advantage of action ``a`` is ``(Q(a) - V) / scale`` with ``V = sum_b p(b) Q(b)`` the behaviour
    policy's expected reward and ``scale`` as ``scale_rewards`` says (:func:`reward_scale`); a decision whose legal
-   actions are all worth the same has none. ``mirror``: the log-prob step ``g`` toward the mirror-descent target.
+   actions are all worth the same has none. ``mirror`` and ``all_actions_ascent``: the log-prob step ``g`` each
+   rule takes (:func:`mirror_steps`, :func:`ascent_steps`), from the advantages of the regularised objective.
 """
 
 from __future__ import annotations
@@ -112,15 +113,17 @@ def all_action_advantages(
     return (centred / scale).masked_fill(no_signal, 0.0)
 
 
-def mirror_steps(
+def regularised_advantages(
     rewards: torch.Tensor,
     legal: torch.Tensor,
     old_logp: torch.Tensor,
     scale: torch.Tensor,
     beta: float = 0.0,
     ref_logp: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The log-prob step ``g`` of each decision (see the module docstring), `(N, A)`, zero where not legal.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The behaviour policy's probabilities and each legal action's advantage under GRPO's regularised objective,
+    ``A(a) = r(a) - sum_b p(b) r(b)`` with ``r(a) = Q(a) / s - beta log(p(a) / p_ref(a))``, both `(N, A)` in float64
+    and zero where not legal (see :mod:`~alea_trl.trainer.loss.dense`).
 
     Args:
         rewards (`torch.Tensor` of shape `(N, A)`): the exact expected reward ``Q`` of each action.
@@ -132,27 +135,81 @@ def mirror_steps(
             ``beta != 0``).
     """
     if beta != 0.0 and ref_logp is None:
-        raise ValueError("mirror_steps: field 'ref_logp': needed when beta != 0")
-    old_logp = old_logp.float().masked_fill(~legal, 0.0)
+        raise ValueError("regularised_advantages: field 'ref_logp': needed when beta != 0")
+    old_logp = old_logp.double().masked_fill(~legal, 0.0)  # float64: p A of an improbable action is tiny
     p = old_logp.exp().masked_fill(~legal, 0.0)  # (N, A)
-    r = rewards.float().masked_fill(~legal, 0.0) / scale  # (N, A)
+    r = rewards.double().masked_fill(~legal, 0.0) / scale.double()  # (N, A)
     if beta != 0.0:
-        r = r - beta * (old_logp - ref_logp.float().masked_fill(~legal, 0.0))
-    advantage = (r - (p * r).sum(-1, keepdim=True) / p.sum(-1, keepdim=True)).masked_fill(~legal, 0.0)  # (N, A)
+        r = r - beta * (old_logp - ref_logp.double().masked_fill(~legal, 0.0))
+    advantage = (r - (p * r).sum(-1, keepdim=True) / p.sum(-1, keepdim=True)).masked_fill(~legal, 0.0)
+    return p, advantage
+
+
+def mirror_steps(
+    rewards: torch.Tensor,
+    legal: torch.Tensor,
+    old_logp: torch.Tensor,
+    scale: torch.Tensor,
+    beta: float = 0.0,
+    ref_logp: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The log-prob step ``g`` of each decision under ``dense_update="mirror"`` (see
+    :mod:`~alea_trl.trainer.loss.dense`), `(N, A)`, zero where not legal; the arguments are
+    :func:`regularised_advantages`'."""
+    p, advantage = regularised_advantages(rewards, legal, old_logp, scale, beta, ref_logp)
     n_legal = legal.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
     # the natural-gradient step A / sqrt(n); a worse action's weight fades once it is rarer than under uniform play
     fade = torch.where(advantage < 0, (p * n_legal).clamp(max=1.0), torch.ones_like(p))
     weight = (fade / n_legal.sqrt()).masked_fill(~legal, 0.0)  # (N, A): squares sum to at most 1
     step = weight * advantage
     step = step - step.sum(-1, keepdim=True) / n_legal  # a common shift of the logits moves no probability
-    return step.masked_fill(~legal | (n_legal < 2), 0.0)
+    return step.masked_fill(~legal | (n_legal < 2), 0.0).float()
+
+
+ASCENT_MIN_COSINE = 0.1
+"""``all_actions_ascent``: the least cosine between a step and the gradient of the regularised objective."""
+
+
+def ascent_steps(
+    rewards: torch.Tensor,
+    legal: torch.Tensor,
+    old_logp: torch.Tensor,
+    scale: torch.Tensor,
+    beta: float = 0.0,
+    ref_logp: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The log-prob step ``g`` of each decision under ``dense_update="all_actions_ascent"`` (see
+    :mod:`~alea_trl.trainer.loss.dense`), `(N, A)`, zero where not legal; the arguments are
+    :func:`regularised_advantages`'."""
+    p, advantage = regularised_advantages(rewards, legal, old_logp, scale, beta, ref_logp)
+    n_legal = legal.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
+    # the all-actions step on the logits: w = A for a better action, A p for a worse one, minus p sum(w)
+    w = torch.where(advantage > 0, advantage, advantage * p).masked_fill(~legal, 0.0)
+    step = (w - p * w.sum(-1, keepdim=True)).masked_fill(~legal, 0.0)
+    # ascent: where its cosine with the objective's gradient p A is under the floor, add the multiple of p A that
+    # lifts it to the floor exactly (the step's component across the gradient is kept)
+    gradient = p * advantage
+    length = gradient.square().sum(-1, keepdim=True).sqrt()  # (N, 1)
+    along = (step * gradient).sum(-1, keepdim=True) / length.clamp(min=1e-30)
+    across = (step.square().sum(-1, keepdim=True) - along.square()).clamp(min=0.0).sqrt()
+    wanted = ASCENT_MIN_COSINE / math.sqrt(1.0 - ASCENT_MIN_COSINE**2) * across  # the component along it
+    lift = ((wanted - along) / length.clamp(min=1e-30)).clamp(min=0.0).masked_fill(length <= 1e-15, 0.0)
+    step = step + lift * gradient
+    step = (step - step.sum(-1, keepdim=True) / n_legal).masked_fill(~legal, 0.0)  # shift-free
+    # size: at most the largest advantage, whatever the number of actions
+    norm = step.square().sum(-1, keepdim=True).sqrt()
+    step = step * (advantage.abs().amax(-1, keepdim=True) / norm.clamp(min=1e-30)).clamp(max=1.0)
+    return step.masked_fill(~legal | (n_legal < 2), 0.0).float()
 
 
 __all__ = [
+    "ASCENT_MIN_COSINE",
     "all_action_advantages",
+    "ascent_steps",
     "env_batch_std",
     "group_advantages",
     "mirror_steps",
     "outcome_advantage",
+    "regularised_advantages",
     "reward_scale",
 ]

@@ -38,9 +38,11 @@ import numpy as np
 import torch
 
 from ..act import host_log_probs, no_logits, sampling_probs
+from ..loss.dense import STEP_TARGET_UPDATES
 from ..loss.policy import act_entropy
 from .advantages import (
     all_action_advantages,
+    ascent_steps,
     env_batch_std,
     group_advantages,
     mirror_steps,
@@ -245,14 +247,15 @@ class Rollout:
             dense_step = actions.gather(1, sampled.masked_fill(beyond, float("-inf")).argmax(-1, keepdim=True))[:, 0]
         else:
             dense_step = actions[:, 0]
-        every = None  # all_actions: each dense decision's legal actions' advantages; mirror: their log-prob steps
+        every = None  # all_actions: each dense decision's legal actions' advantages; the step targets: log-prob steps
         if args.dense_update != "sampled":
             env_ids = torch.tensor([self.env_index[ep.env_name] for ep in wave.episodes])
         if args.dense_update == "all_actions":
             every = all_action_advantages(rewards, legal, logp_all, args.scale_rewards, env_ids).tolist()
-        elif args.dense_update == "mirror":
+        elif args.dense_update in STEP_TARGET_UPDATES:
             scale = reward_scale(rewards, legal, args.scale_rewards, env_ids)  # (N, 1)
-            every = mirror_steps(rewards, legal, logp_all, scale, args.beta, ref_all).tolist()
+            steps = mirror_steps if args.dense_update == "mirror" else ascent_steps
+            every = steps(rewards, legal, logp_all, scale, args.beta, ref_all).tolist()
         return _Draw(
             logp_all=logp_all,
             ref_all=ref_all,
