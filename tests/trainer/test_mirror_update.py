@@ -3,6 +3,7 @@ and ``all_actions_ascent``, the all-actions step made an ascent) are steps on GR
 actions: checked on tabular logits (one logit per action, the act head's last layer) against autograd and closed
 forms, each property for both rules."""
 
+import functools
 import math
 from types import SimpleNamespace
 from unittest import mock
@@ -14,12 +15,17 @@ from alea_trl import AleaEnvGRPOTrainer
 from alea_trl.trainer import grpo_trainer
 from alea_trl.trainer.loss.dense import step_target_loss
 from alea_trl.trainer.outputs.model_card import _update_sentence
-from alea_trl.trainer.rollout.advantages import ASCENT_MIN_COSINE, ascent_steps, mirror_steps
+from alea_trl.trainer.rollout.advantages import ASCENT_MIN_COSINE, regularised_advantages, step_targets
 
 from .conftest import TOY_FACTORIES
 
 
-RULES = {"mirror": mirror_steps, "all_actions_ascent": ascent_steps}
+def _steps(rule, rewards, legal, old_logp, scale, beta=0.0, ref_logp=None):
+    """``rule``'s steps from the rewards (the rollout's two calls)."""
+    return step_targets(rule, *regularised_advantages(rewards, legal, old_logp, scale, beta, ref_logp), legal)
+
+
+RULES = {rule: functools.partial(_steps, rule) for rule in ("mirror", "all_actions_ascent")}
 rules = pytest.mark.parametrize("rule", list(RULES))
 
 
@@ -191,8 +197,8 @@ def test_steps_narrower_than_the_batch_are_zero_padded():
     legal = torch.tensor([[True, True, True, False, False], [True, True, True, True, True]])
     logp = torch.log_softmax(torch.randn(2, 5).masked_fill(~legal, -1e9), -1).masked_fill(~legal, 0.0)
     old = torch.log_softmax(torch.randn(2, 3), -1)
-    steps = mirror_steps(
-        torch.tensor([[0.0, 1.0, 0.5]]), torch.ones(1, 3, dtype=torch.bool), old[:1], torch.ones(1, 1)
+    steps = _steps(
+        "mirror", torch.tensor([[0.0, 1.0, 0.5]]), torch.ones(1, 3, dtype=torch.bool), old[:1], torch.ones(1, 1)
     )
     steps = torch.cat([steps, torch.zeros(1, 3)])
     rows = torch.tensor([True, False])

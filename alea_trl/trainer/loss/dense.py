@@ -1,7 +1,7 @@
 """The dense envs' updates over every legal action (``dense_update``): a dense env reports the exact expected
 reward of every legal action, not only of the k sampled ones, so a dense decision's act trains on all of them.
 Their advantages and steps are computed when the decision is made
-(:mod:`~alea_trl.trainer.rollout.advantages`: ``all_action_advantages``, ``mirror_steps``); the losses are here.
+(:mod:`~alea_trl.trainer.rollout.advantages`: ``all_action_advantages``, ``step_targets``); the losses are here.
 
 ``dense_update="all_actions"`` (the default): every legal action's exact expected reward trains the act head, and an
 action better than the policy's average gets a step that does not shrink with its probability.
@@ -134,8 +134,7 @@ def step_target_loss(
     Args:
         logp_all (`torch.Tensor` of shape `(N, A)`): current log-probs (with autograd).
         old_logp_all, steps (`torch.Tensor` of shape `(N, A')`): behaviour log-probs and the steps of
-            :func:`~alea_trl.trainer.rollout.advantages.mirror_steps` or
-            :func:`~alea_trl.trainer.rollout.advantages.ascent_steps`, zero-padded (``A'`` may differ from ``A``: the widest row of another batch).
+            :func:`~alea_trl.trainer.rollout.advantages.step_targets`, zero-padded (``A'`` may differ from ``A``: the widest row of another batch).
         legal (`torch.Tensor` of shape `(N, A)`): which actions are legal.
         rows (`torch.Tensor` of shape `(N,)`): the decisions trained by this update.
 

@@ -1,7 +1,7 @@
 """The host side of a step, without autograd: episodes, their observation, sampling and env steps, advantages, and the
 decision rows handed to the loss."""
 
-from .advantages import all_action_advantages, env_batch_std, group_advantages, mirror_steps, outcome_advantage
+from .advantages import all_action_advantages, env_batch_std, group_advantages, outcome_advantage, step_targets
 from .branching import FAILURE_CAUSES, BranchFallbacks, branch_values
 from .observation import Observer, Wave
 from .pool import Episode, EpisodePool, np_rng_for_rank
@@ -22,9 +22,9 @@ __all__ = [
     "branch_values",
     "env_batch_std",
     "group_advantages",
-    "mirror_steps",
     "np_rng_for_rank",
     "outcome_advantage",
     "rows_to_inputs",
     "sampled_forward_inputs",
+    "step_targets",
 ]

@@ -12,7 +12,7 @@ Design decisions:
    ``all_actions``: the advantage of action ``a`` is ``(Q(a) - V) / scale`` with ``V = sum_b p(b) Q(b)`` the behaviour
    policy's expected reward and ``scale`` as ``scale_rewards`` says (:func:`reward_scale`); a decision whose legal
    actions are all worth the same has none. ``mirror`` and ``all_actions_ascent``: the log-prob step ``g`` each
-   rule takes (:func:`mirror_steps`, :func:`ascent_steps`), from the advantages of the regularised objective.
+   rule takes (:func:`step_targets`), from the advantages of the regularised objective.
 """
 
 from __future__ import annotations
@@ -145,71 +145,68 @@ def regularised_advantages(
     return p, advantage
 
 
-def mirror_steps(
-    rewards: torch.Tensor,
-    legal: torch.Tensor,
-    old_logp: torch.Tensor,
-    scale: torch.Tensor,
-    beta: float = 0.0,
-    ref_logp: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The log-prob step ``g`` of each decision under ``dense_update="mirror"`` (see
-    :mod:`~alea_trl.trainer.loss.dense`), `(N, A)`, zero where not legal; the arguments are
-    :func:`regularised_advantages`'."""
-    p, advantage = regularised_advantages(rewards, legal, old_logp, scale, beta, ref_logp)
+def step_targets(update: str, p: torch.Tensor, advantage: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
+    """The log-prob step ``g`` of each decision under a step-target ``dense_update`` (see
+    :mod:`~alea_trl.trainer.loss.dense`), `(N, A)` in float32, zero where not legal and where fewer than two actions
+    are legal: ``"mirror"`` (:func:`mirror_step`) or ``"all_actions_ascent"`` (:func:`ascent_step`).
+
+    Args:
+        update (`str`): the ``dense_update``.
+        p, advantage (`torch.Tensor` of shape `(N, A)`): the behaviour policy's probabilities and the regularised
+            advantages, as :func:`regularised_advantages` returns them.
+        legal (`torch.Tensor` of shape `(N, A)`): which actions are legal.
+    """
+    rules = {"mirror": mirror_step, "all_actions_ascent": ascent_step}
+    if update not in rules:
+        raise ValueError(f"step_targets: field 'update': one of {sorted(rules)}, got {update!r}")
     n_legal = legal.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
-    # the natural-gradient step A / sqrt(n); a worse action's weight fades once it is rarer than under uniform play
+    step = rules[update](p, advantage, legal, n_legal)
+    step = step - step.masked_fill(~legal, 0.0).sum(-1, keepdim=True) / n_legal  # a common shift moves nothing
+    if update == "all_actions_ascent":  # size: at most the largest advantage, whatever the number of actions
+        norm = step.masked_fill(~legal, 0.0).square().sum(-1, keepdim=True).sqrt()
+        step = step * (advantage.abs().amax(-1, keepdim=True) / norm.clamp(min=1e-30)).clamp(max=1.0)
+    return step.masked_fill(~legal | (n_legal < 2), 0.0).float()
+
+
+def mirror_step(p: torch.Tensor, advantage: torch.Tensor, legal: torch.Tensor, n_legal: torch.Tensor) -> torch.Tensor:
+    """``dense_update="mirror"``: the natural-gradient step ``A / sqrt(n)``, a worse action's weight fading once it is
+    rarer than under uniform play (uncentred; `(N, A)` from the probabilities and regularised advantages `(N, A)`)."""
     fade = torch.where(advantage < 0, (p * n_legal).clamp(max=1.0), torch.ones_like(p))
     weight = (fade / n_legal.sqrt()).masked_fill(~legal, 0.0)  # (N, A): squares sum to at most 1
-    step = weight * advantage
-    step = step - step.sum(-1, keepdim=True) / n_legal  # a common shift of the logits moves no probability
-    return step.masked_fill(~legal | (n_legal < 2), 0.0).float()
+    return weight * advantage
 
 
 ASCENT_MIN_COSINE = 0.1
 """``all_actions_ascent``: the least cosine between a step and the gradient of the regularised objective."""
 
 
-def ascent_steps(
-    rewards: torch.Tensor,
-    legal: torch.Tensor,
-    old_logp: torch.Tensor,
-    scale: torch.Tensor,
-    beta: float = 0.0,
-    ref_logp: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The log-prob step ``g`` of each decision under ``dense_update="all_actions_ascent"`` (see
-    :mod:`~alea_trl.trainer.loss.dense`), `(N, A)`, zero where not legal; the arguments are
-    :func:`regularised_advantages`'."""
-    p, advantage = regularised_advantages(rewards, legal, old_logp, scale, beta, ref_logp)
-    n_legal = legal.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
+def ascent_step(p: torch.Tensor, advantage: torch.Tensor, legal: torch.Tensor, n_legal: torch.Tensor) -> torch.Tensor:
+    """``dense_update="all_actions_ascent"``: the all-actions logit step, lifted to a cosine of at least
+    :data:`ASCENT_MIN_COSINE` with the objective's gradient ``p A`` (uncentred and uncapped; the arguments as
+    :func:`mirror_step`'s)."""
     # the all-actions step on the logits: w = A for a better action, A p for a worse one, minus p sum(w)
     w = torch.where(advantage > 0, advantage, advantage * p).masked_fill(~legal, 0.0)
     step = (w - p * w.sum(-1, keepdim=True)).masked_fill(~legal, 0.0)
-    # ascent: where its cosine with the objective's gradient p A is under the floor, add the multiple of p A that
-    # lifts it to the floor exactly (the step's component across the gradient is kept)
+    # where its cosine with p A is under the floor, add the multiple of p A that lifts it to the floor exactly (the
+    # step's component across the gradient is kept); p A sums to 0, so centring the step later keeps the cosine
     gradient = p * advantage
     length = gradient.square().sum(-1, keepdim=True).sqrt()  # (N, 1)
     along = (step * gradient).sum(-1, keepdim=True) / length.clamp(min=1e-30)
     across = (step.square().sum(-1, keepdim=True) - along.square()).clamp(min=0.0).sqrt()
     wanted = ASCENT_MIN_COSINE / math.sqrt(1.0 - ASCENT_MIN_COSINE**2) * across  # the component along it
     lift = ((wanted - along) / length.clamp(min=1e-30)).clamp(min=0.0).masked_fill(length <= 1e-15, 0.0)
-    step = step + lift * gradient
-    step = (step - step.sum(-1, keepdim=True) / n_legal).masked_fill(~legal, 0.0)  # shift-free
-    # size: at most the largest advantage, whatever the number of actions
-    norm = step.square().sum(-1, keepdim=True).sqrt()
-    step = step * (advantage.abs().amax(-1, keepdim=True) / norm.clamp(min=1e-30)).clamp(max=1.0)
-    return step.masked_fill(~legal | (n_legal < 2), 0.0).float()
+    return step + lift * gradient
 
 
 __all__ = [
     "ASCENT_MIN_COSINE",
     "all_action_advantages",
-    "ascent_steps",
+    "ascent_step",
     "env_batch_std",
     "group_advantages",
-    "mirror_steps",
+    "mirror_step",
     "outcome_advantage",
     "regularised_advantages",
     "reward_scale",
+    "step_targets",
 ]

@@ -42,12 +42,12 @@ from ..loss.dense import STEP_TARGET_UPDATES
 from ..loss.policy import act_entropy
 from .advantages import (
     all_action_advantages,
-    ascent_steps,
     env_batch_std,
     group_advantages,
-    mirror_steps,
     outcome_advantage,
+    regularised_advantages,
     reward_scale,
+    step_targets,
 )
 from .branching import BranchFallbacks, branch_values
 from .observation import Observer, Wave
@@ -254,8 +254,8 @@ class Rollout:
             every = all_action_advantages(rewards, legal, logp_all, args.scale_rewards, env_ids).tolist()
         elif args.dense_update in STEP_TARGET_UPDATES:
             scale = reward_scale(rewards, legal, args.scale_rewards, env_ids)  # (N, 1)
-            steps = mirror_steps if args.dense_update == "mirror" else ascent_steps
-            every = steps(rewards, legal, logp_all, scale, args.beta, ref_all).tolist()
+            p, advantage = regularised_advantages(rewards, legal, logp_all, scale, args.beta, ref_all)
+            every = step_targets(args.dense_update, p, advantage, legal).tolist()
         return _Draw(
             logp_all=logp_all,
             ref_all=ref_all,
