@@ -34,10 +34,10 @@ weigh ``--report_w 6.7``. Group scaling gives every dense decision whose actions
 decisions where the symbols overturn the prior, often near-ties, weigh as much as the prior's clear ones; with one std
 per env (``batch``, measured with the sampled update) they weigh almost nothing and hmm ends at or below the prior. The
 report weight keeps that policy term from drowning the report losses: at ``report_w`` 1, with group scaling, a few
-dimensions of the residual stream grow large on every token and the heads stop depending on the state. The weight
-was chosen at 10 when the policy loss added the dense decisions' mean and the outcome decisions' mean; with one
-weight per decision, the policy term of a step is about 2/3 of that sum (13.4 dense and 6.6 outcome decisions of 20, the
-outcome ones at weight 2), so 6.7 keeps the same balance: at 10, hmm ended at 0.60 instead of 0.94 on seed 0.
+dimensions of the residual stream grow large on every token and the heads stop depending on the state. With one
+weight per decision a step's policy term is the sum of its 20 decisions' terms over 20 (about 13.4 dense and 6.6
+outcome ones, the outcome ones at weight 2); 6.7 sets the report losses against it as the runs behind the mix, the
+scaling and the 1500-step figures had them (at 10, hmm ends at 0.59 on seed 0 instead of 0.97).
 ``benchmarks/RESULTS.md`` has the runs behind the mix, the scaling and the report weight.
 
 Before training and every ``--eval_every`` optimizer steps the policy plays ``--eval_episodes`` paired episodes per

@@ -13,9 +13,9 @@ import torch
 
 from alea_trl import AleaEnvGRPOTrainer
 from alea_trl.trainer import grpo_trainer
-from alea_trl.trainer.loss.dense import step_target_loss
+from alea_trl.trainer.loss.dense import STEP_TARGET_UPDATES, step_target_loss
 from alea_trl.trainer.outputs.model_card import _update_sentence
-from alea_trl.trainer.rollout.advantages import ASCENT_MIN_COSINE, regularised_advantages, step_targets
+from alea_trl.trainer.rollout.advantages import ASCENT_MIN_COSINE, STEP_RULES, regularised_advantages, step_targets
 
 from .conftest import TOY_FACTORIES
 
@@ -27,6 +27,13 @@ def _steps(rule, rewards, legal, old_logp, scale, beta=0.0, ref_logp=None):
 
 RULES = {rule: functools.partial(_steps, rule) for rule in ("mirror", "all_actions_ascent")}
 rules = pytest.mark.parametrize("rule", list(RULES))
+
+
+def test_every_step_target_update_has_a_rule_and_an_unknown_one_is_refused():
+    assert set(STEP_RULES) == set(STEP_TARGET_UPDATES)
+    legal = torch.ones(1, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="field 'update'"):
+        step_targets("all_actions", torch.full((1, 2), 0.5), torch.zeros(1, 2), legal)
 
 
 def _objective(z, q, beta, ref_logp, scale):

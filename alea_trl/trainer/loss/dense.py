@@ -68,8 +68,8 @@ fitted as the mirror step is (7, 8).
    ``pi*(a) ~ pi_ref(a) exp(Q(a) / (s beta))`` (greedy at ``beta = 0``); all-actions with a separate KL term settled
    greedier than ``pi*``.
 12. Size: the centred step is scaled down to at most the largest advantage ``max |A|``. Up to that cap it grows with
-   the number of actions as all-actions does (0.74 at 2 actions to 1.78 at 20 on random decisions), then stops (1.85
-   at 40; all-actions 4.74 there and growing). An improbable better action keeps a step of about ``A``, as under
+   the number of actions as all-actions does, then stops (all-actions keeps growing; the figures are in
+   ``tests/trainer/test_mirror_update.py``'s size test). An improbable better action keeps a step of about ``A``, as under
    all-actions, so it does not stall; a ruled-out action's push fades with its probability, and the loss is bounded
    by ``max A^2 / 2``.
 """

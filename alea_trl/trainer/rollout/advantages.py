@@ -147,8 +147,9 @@ def regularised_advantages(
 
 def step_targets(update: str, p: torch.Tensor, advantage: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
     """The log-prob step ``g`` of each decision under a step-target ``dense_update`` (see
-    :mod:`~alea_trl.trainer.loss.dense`), `(N, A)` in float32, zero where not legal and where fewer than two actions
-    are legal: ``"mirror"`` (:func:`mirror_step`) or ``"all_actions_ascent"`` (:func:`ascent_step`).
+    :mod:`~alea_trl.trainer.loss.dense`), `(N, A)` in float32, centred over the legal actions, zero where not legal
+    and where fewer than two actions are legal: ``"mirror"`` (:func:`mirror_step`) or ``"all_actions_ascent"``
+    (:func:`ascent_step`).
 
     Args:
         update (`str`): the ``dense_update``.
@@ -156,50 +157,60 @@ def step_targets(update: str, p: torch.Tensor, advantage: torch.Tensor, legal: t
             advantages, as :func:`regularised_advantages` returns them.
         legal (`torch.Tensor` of shape `(N, A)`): which actions are legal.
     """
-    rules = {"mirror": mirror_step, "all_actions_ascent": ascent_step}
-    if update not in rules:
-        raise ValueError(f"step_targets: field 'update': one of {sorted(rules)}, got {update!r}")
-    n_legal = legal.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
-    step = rules[update](p, advantage, legal, n_legal)
-    step = step - step.masked_fill(~legal, 0.0).sum(-1, keepdim=True) / n_legal  # a common shift moves nothing
-    if update == "all_actions_ascent":  # size: at most the largest advantage, whatever the number of actions
-        norm = step.masked_fill(~legal, 0.0).square().sum(-1, keepdim=True).sqrt()
-        step = step * (advantage.abs().amax(-1, keepdim=True) / norm.clamp(min=1e-30)).clamp(max=1.0)
-    return step.masked_fill(~legal | (n_legal < 2), 0.0).float()
+    if update not in STEP_RULES:
+        raise ValueError(f"step_targets: field 'update': one of {sorted(STEP_RULES)}, got {update!r}")
+    step = STEP_RULES[update](p, advantage, legal)
+    return step.masked_fill(~legal | (legal.sum(-1, keepdim=True) < 2), 0.0).float()
 
 
-def mirror_step(p: torch.Tensor, advantage: torch.Tensor, legal: torch.Tensor, n_legal: torch.Tensor) -> torch.Tensor:
+def _centred(step: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
+    """``step`` minus its mean over the legal actions (a common shift of the logits moves no probability)."""
+    step = step.masked_fill(~legal, 0.0)
+    return (step - step.sum(-1, keepdim=True) / legal.sum(-1, keepdim=True).clamp(min=1)).masked_fill(~legal, 0.0)
+
+
+def mirror_step(p: torch.Tensor, advantage: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
     """``dense_update="mirror"``: the natural-gradient step ``A / sqrt(n)``, a worse action's weight fading once it is
-    rarer than under uniform play (uncentred; `(N, A)` from the probabilities and regularised advantages `(N, A)`)."""
+    rarer than under uniform play; centred, `(N, A)` from the probabilities and regularised advantages `(N, A)`."""
+    n_legal = legal.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
     fade = torch.where(advantage < 0, (p * n_legal).clamp(max=1.0), torch.ones_like(p))
     weight = (fade / n_legal.sqrt()).masked_fill(~legal, 0.0)  # (N, A): squares sum to at most 1
-    return weight * advantage
+    return _centred(weight * advantage, legal)
 
 
 ASCENT_MIN_COSINE = 0.1
 """``all_actions_ascent``: the least cosine between a step and the gradient of the regularised objective."""
 
 
-def ascent_step(p: torch.Tensor, advantage: torch.Tensor, legal: torch.Tensor, n_legal: torch.Tensor) -> torch.Tensor:
+def ascent_step(p: torch.Tensor, advantage: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
     """``dense_update="all_actions_ascent"``: the all-actions logit step, lifted to a cosine of at least
-    :data:`ASCENT_MIN_COSINE` with the objective's gradient ``p A`` (uncentred and uncapped; the arguments as
-    :func:`mirror_step`'s)."""
+    :data:`ASCENT_MIN_COSINE` with the objective's gradient ``p A``, centred and capped at the largest advantage (the
+    arguments as :func:`mirror_step`'s)."""
     # the all-actions step on the logits: w = A for a better action, A p for a worse one, minus p sum(w)
     w = torch.where(advantage > 0, advantage, advantage * p).masked_fill(~legal, 0.0)
     step = (w - p * w.sum(-1, keepdim=True)).masked_fill(~legal, 0.0)
     # where its cosine with p A is under the floor, add the multiple of p A that lifts it to the floor exactly (the
-    # step's component across the gradient is kept); p A sums to 0, so centring the step later keeps the cosine
+    # step's component across the gradient is kept); p A sums to 0, so centring keeps the inner product and can only
+    # shorten the step: the cosine stays at least the floor
     gradient = p * advantage
     length = gradient.square().sum(-1, keepdim=True).sqrt()  # (N, 1)
     along = (step * gradient).sum(-1, keepdim=True) / length.clamp(min=1e-30)
     across = (step.square().sum(-1, keepdim=True) - along.square()).clamp(min=0.0).sqrt()
     wanted = ASCENT_MIN_COSINE / math.sqrt(1.0 - ASCENT_MIN_COSINE**2) * across  # the component along it
     lift = ((wanted - along) / length.clamp(min=1e-30)).clamp(min=0.0).masked_fill(length <= 1e-15, 0.0)
-    return step + lift * gradient
+    step = _centred(step + lift * gradient, legal)
+    # size: at most the largest advantage, whatever the number of actions
+    norm = step.square().sum(-1, keepdim=True).sqrt()
+    return step * (advantage.abs().amax(-1, keepdim=True) / norm.clamp(min=1e-30)).clamp(max=1.0)
+
+
+STEP_RULES = {"mirror": mirror_step, "all_actions_ascent": ascent_step}
+"""The step rule of each step-target ``dense_update`` (``alea_trl.trainer.loss.dense.STEP_TARGET_UPDATES``)."""
 
 
 __all__ = [
     "ASCENT_MIN_COSINE",
+    "STEP_RULES",
     "all_action_advantages",
     "ascent_step",
     "env_batch_std",
