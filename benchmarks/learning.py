@@ -79,13 +79,14 @@ this model on these episodes, against which the GRPO figures here are read.
 Torch runs on one thread by default (``--threads``): on a CPU shared with other work, extra threads spin-wait for a
 core and slow a run down several times. On an idle machine ``--threads 2`` is faster, but its float reductions run in
 another order, so a run does not repeat the 1-thread run's numbers.
-By default (``--steps 0``) the schedule is fitted to ``--budget_s`` (840 s): a calibration run of ``--calibration_steps``
-steps times a step and an evaluation on this machine (it starts from its own seed, so the measured runs are those of a
-run without it), and the run gets the steps that fit the budget with its ``--evals`` evaluations, warm-up and cosine
-decay included, so the default command is a complete run in about 15 minutes (a step's time is taken from the second
-half of the timing run: the first steps are slower). ``--steps N`` runs N steps; with a
-budget it stops at an evaluation when the next block would pass it (its schedule then ends part way);
-``--steps 1500 --budget_s 0`` is the long run behind the figures recorded before 2026-12-07. The JSON gives each
+By default (``--steps 0``) the schedule is a function of the seconds of ``--budget_s`` (840 s a run,
+``learning_parts/time_schedule.py``): a linear warm-up over ``--warmup`` steps, the peak rate until the last
+``--decay_share`` (0.2) of the training time, then a cosine decay to 0 that ends with the training time, and ``--evals``
+evaluations at evenly spaced seconds, the last at the end. So the default command is one complete run that ends on
+time, however its steps speed up as the policy sharpens (they do: continuations share their forwards more and more).
+``--steps N`` runs N steps with the step-based schedule (``--schedule``, cosine by default); with a budget it stops
+at an evaluation when the next block would pass it (its schedule then ends part way); ``--steps 1500 --budget_s 0`` is
+the long run behind the figures recorded before 2026-12-07. The JSON gives each
 evaluation point's seconds since training began (``curves_seconds``) beside its step.
 Prints a table (env x evaluation step) and, last, one JSON line with the figures; writes the curves to
 ``<out>/learning_curves.png`` and the JSON to ``<out>/learning.json``. Figures of past runs, with their commands and
@@ -102,9 +103,10 @@ from pathlib import Path
 
 import torch
 from accelerate import PartialState
-from accelerate.utils import reduce as reduce_across
 from learning_parts.references import DENSE, ENVS, EVAL_SEED, SCORE_KEY, SMALL
 from learning_parts.report import report
+from learning_parts.time_schedule import TimeSchedule
+from torch.optim.lr_scheduler import LambdaLR
 from transformers import AutoConfig, AutoTokenizer, TrainerCallback
 
 from alea_trl import AleaEnvGRPOConfig, AleaEnvGRPOTrainer, AleaModel, end_distributed
@@ -114,20 +116,23 @@ from alea_trl.evaluation import evaluation_sums, table_from_means
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSET = ROOT / "recipes" / "assets" / "tiny-qwen3"
+STEP_CAP = 20_000  # --steps 0: the step count is a cap only, the schedule's seconds end the run
 
 
 class CurveCallback(TrainerCallback):
     """Evaluates the policy every ``every`` optimizer steps (and at init) and records the normalised scores."""
 
-    def __init__(self, trainer_ref: dict, tokenizer, every, episodes, max_len, batch_size, budget, factories):
+    def __init__(
+        self, trainer_ref: dict, tokenizer, every, episodes, max_len, batch_size, budget, factories, schedule=None
+    ):
         self.trainer_ref, self.tokenizer, self.factories = trainer_ref, tokenizer, factories
         self.every, self.episodes, self.max_len, self.batch_size = every, episodes, max_len, batch_size
         self.budget, self.t0 = budget, time.perf_counter()
+        self.schedule: TimeSchedule | None = schedule  # --steps 0: evaluations and the end in seconds
         # (step, {env: score}, seconds of this evaluation, seconds since training began)
         self.points: list[tuple[int, dict[str, float], float, float]] = []
         self.realised: list[dict[str, float]] = []  # {env: normalised score of the realised returns}, per point
         self.skill: list[dict[str, dict[str, float]]] = []  # {env: {qtype: report skill}}, per point
-        self.step_ends: list[float] = []  # seconds since training began at the end of each step, before evaluating
 
     def evaluate(self, step: int) -> None:
         trainer = self.trainer_ref["trainer"]
@@ -167,10 +172,17 @@ class CurveCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self.t0 = time.perf_counter()
         self.evaluate(0)
+        if self.schedule is not None:
+            self.schedule.set_end(eval_s=self.points[0][2])
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
-        self.step_ends.append(time.perf_counter() - self.t0)
+        if self.schedule is not None:
+            evaluate, stop = self.schedule.tick(self.trainer_ref["trainer"].accelerator)
+            if evaluate or step == state.max_steps:
+                self.evaluate(step)
+            control.should_training_stop = stop
+            return
         if step % self.every == 0 or step == state.max_steps:
             self.evaluate(step)
             elapsed = time.perf_counter() - self.t0  # stop here if the next block (steps + evaluation) would overrun
@@ -183,12 +195,27 @@ class CurveCallback(TrainerCallback):
                 control.should_training_stop = True
 
 
+class TimeScheduledTrainer(AleaEnvGRPOTrainer):
+    """The trainer with, when ``schedule`` is given, a learning rate that follows the seconds the run has spent
+    (:class:`~learning_parts.time_schedule.TimeSchedule`) instead of its step count."""
+
+    def __init__(self, *args, schedule: TimeSchedule | None = None, **kwargs):
+        self.time_schedule = schedule
+        super().__init__(*args, **kwargs)
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if self.time_schedule is None or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        self.lr_scheduler = LambdaLR(optimizer if optimizer is not None else self.optimizer, self.time_schedule.factor)
+        return self.lr_scheduler
+
+
 # (name, type, default, help): the hyper-parameters a run records with its figures
 TRAINING_HPARAMS = [
     ("lr", float, 1.5e-3, "backbone (and extras) learning rate"),
     ("lr_head", float, 1.5e-3, "heads learning rate"),
     ("lr_aux", float, 0.0, "extras learning rate (0: --lr)"),
-    ("schedule", str, "cosine", "lr_scheduler_type (after --warmup steps)"),
+    ("schedule", str, "cosine", "lr_scheduler_type after --warmup steps (--steps N; --steps 0: --decay_share)"),
     ("warmup", int, 24, "warm-up steps"),
     ("beta", float, 0.0, "KL weight"),
     ("temperature", float, 1.0, "sampling temperature of the act head"),
@@ -274,10 +301,12 @@ def env_integers(text: str) -> dict[str, int]:
     return {k: int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
 
 
-def train_one(args, seed: int, step_ends: list | None = None) -> tuple[list, dict, list, list]:
+def train_one(args, seed: int) -> tuple[list, dict, list, list]:
     """One training run from a fresh random backbone; returns the evaluation points, the random / oracle returns of
-    the evaluation episodes and, per point, every env's normalised score of the realised returns and report skills
-    (and, into ``step_ends``, the seconds since training began at the end of each step)."""
+    the evaluation episodes and, per point, every env's normalised score of the realised returns and report skills.
+    With ``--steps 0`` its learning rate, evaluations and end follow the seconds of ``--budget_s``
+    (:class:`~learning_parts.time_schedule.TimeSchedule`; the step count is only a cap)."""
+    schedule = TimeSchedule(args.budget_s, args.warmup, args.decay_share, args.evals) if args.steps == 0 else None
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(ASSET)
     model = tiny_model(args)
@@ -291,7 +320,7 @@ def train_one(args, seed: int, step_ends: list | None = None) -> tuple[list, dic
     config = AleaEnvGRPOConfig(
         output_dir=os.path.join(args.out, f"seed{seed}"),
         envs=list(copies),
-        **optimisation(args),
+        **optimisation(args) | ({"max_steps": STEP_CAP} if schedule is not None else {}),
         dense_advance=args.dense_advance,
         dense_update=args.dense_update,
         outcome_advantage=args.outcome_advantage,
@@ -321,45 +350,18 @@ def train_one(args, seed: int, step_ends: list | None = None) -> tuple[list, dic
         args.episodes,
         config.max_len,
         config.max_batch,
-        args.budget_s,
+        args.budget_s if schedule is None else 0,
         {env: RegisteredEnvFactory(env, kw.get(env)) for env in ENVS},  # evaluation: the same env instances
+        schedule,
     )
-    trainer = AleaEnvGRPOTrainer(
-        model, args=config, processing_class=tokenizer, env_factories=copies, callbacks=[callback]
+    trainer = TimeScheduledTrainer(
+        model, args=config, processing_class=tokenizer, env_factories=copies, callbacks=[callback], schedule=schedule
     )
     ref["trainer"] = trainer
     trainer.train()
-    if step_ends is not None:
-        step_ends.extend(callback.step_ends)
+    if schedule is not None:
+        args.fitted = schedule.summary() | {"steps": trainer.state.global_step}
     return callback.points, callback.baselines, callback.realised, callback.skill
-
-
-def fit_schedule(args) -> dict:
-    """``--steps 0``: the schedule that fits ``--budget_s``. A short calibration run of the same trainer times a step
-    and an evaluation on this machine; the run then gets as many steps as fit the budget with its evaluations (one
-    every ``steps / --evals``), a warm-up of ``--warmup`` steps at most 5% of them, and a cosine decay that ends at the
-    last step: a complete schedule, not a longer one cut short."""
-    probe = argparse.Namespace(**{**vars(args), "steps": args.calibration_steps, "eval_every": args.calibration_steps})
-    probe.warmup, probe.budget_s, probe.out = 1, 0, os.path.join(args.out, "calibration")
-    start = time.perf_counter()
-    ends: list[float] = []
-    points, *_ = train_one(probe, seed=10_000, step_ends=ends)  # its own seed: the runs start as without it
-    half = args.calibration_steps // 2
-    # a step's time from the second half of the timing run (the first steps are slower), no evaluation in between
-    own = [time.perf_counter() - start, max(p[2] for p in points), (ends[-1] - ends[half - 1]) / (len(ends) - half)]
-    # every process must fit the same schedule: the mean of their timings
-    spent, eval_s, step_s = reduce_across(torch.tensor(own, dtype=torch.float64), reduction="mean").tolist()
-    left = args.budget_s - spent
-    steps = int((left - (args.evals + 1) * eval_s) / step_s)
-    if steps < 2 * args.evals:
-        raise SystemExit(
-            f"--budget_s {args.budget_s:.0f}: {step_s:.2f} s a step and {eval_s:.0f} s an evaluation "
-            f"leave {steps} steps; give a larger budget"
-        )
-    every = max(1, steps // args.evals)
-    steps = every * args.evals  # the last step is an evaluation
-    return {"steps": steps, "eval_every": every, "warmup": min(args.warmup, max(1, steps // 20)),
-            "step_s": round(step_s, 3), "eval_s": round(eval_s, 1), "calibration_s": round(spent, 1)}  # fmt: skip
 
 
 def main() -> None:
@@ -368,12 +370,17 @@ def main() -> None:
         "--steps",
         type=int,
         default=0,
-        help="optimizer steps per run; 0: as many as fit --budget_s (a complete schedule; 1500 with --budget_s 0 is "
-        "the long run of the figures before 2026-12-07)",
+        help="optimizer steps per run; 0: a schedule in seconds of --budget_s (a complete run that ends on time; "
+        "1500 with --budget_s 0 is the long run of the figures before 2026-12-07)",
     )
     parser.add_argument("--eval_every", type=int, default=250, help="evaluate every this many optimizer steps")
     parser.add_argument("--evals", type=int, default=6, help="--steps 0: evaluations after the initial one")
-    parser.add_argument("--calibration_steps", type=int, default=12, help="--steps 0: steps of the timing run")
+    parser.add_argument(
+        "--decay_share",
+        type=float,
+        default=0.2,
+        help="--steps 0: the share of the budget's training time, at its end, over which the rate decays to 0",
+    )
     parser.add_argument("--eval_episodes", type=int, default=100, help="evaluation episodes per dense env")
     parser.add_argument(
         "--eval_episodes_outcome",
@@ -387,7 +394,7 @@ def main() -> None:
         "--budget_s",
         type=float,
         default=840,
-        help="per run: with --steps 0 the schedule is fitted to it; with --steps N a run stops at an evaluation if the "
+        help="per run: with --steps 0 the schedule's seconds; with --steps N a run stops at an evaluation if the "
         "next would pass it (0: off)",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run of about a minute (few steps, few episodes)")
@@ -421,20 +428,21 @@ def main() -> None:
     state = PartialState(cpu=True)  # one process, or one of several under `accelerate launch`
     t0 = time.perf_counter()
     args.fitted = None
-    if args.steps == 0:
-        if not args.budget_s:
-            raise SystemExit("--steps 0 fits the schedule to --budget_s: give a budget, or --steps N")
-        args.fitted = fit_schedule(args)
-        args.steps, args.eval_every, args.warmup = (args.fitted[k] for k in ("steps", "eval_every", "warmup"))
-        args.budget_s = 0  # the fitted schedule runs to its end
-        if state.is_main_process:
-            print(f"schedule fitted to the budget: {args.fitted}")
+    if args.steps == 0 and not args.budget_s:
+        raise SystemExit("--steps 0 fits the schedule to --budget_s: give a budget, or --steps N")
+    if args.steps == 0 and args.schedule != "cosine":
+        raise SystemExit(
+            f"--schedule {args.schedule}: a step-based schedule needs --steps N; with --steps 0 the rate follows the "
+            "budget's seconds (--decay_share)"
+        )
     runs, realised, skills = [], [], []
     for seed in seeds:
         if state.is_main_process:
+            length = f"{args.steps} steps" if args.steps else f"a schedule of {args.budget_s:.0f} s"
+            every = f"every {args.eval_every} steps" if args.steps else f"{args.evals} times"
             print(
-                f"seed {seed}: {args.steps} steps x {args.batch_size} decisions x {state.num_processes} process(es), "
-                f"evaluating every {args.eval_every} on {args.episodes} episodes"
+                f"seed {seed}: {length} x {args.batch_size} decisions x {state.num_processes} process(es), "
+                f"evaluating {every} on {args.episodes} episodes"
             )
         points, baselines, realised_scores, skill = train_one(args, seed)
         runs.append(points)

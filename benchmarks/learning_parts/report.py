@@ -131,7 +131,7 @@ def report(args, seeds, runs, realised, skills, baselines, wall, n_processes) ->
 
     instances = "small (SMALL)" if args.env_kwargs == SMALL else "custom" if args.env_kwargs else "library defaults"
     title = (
-        f"tiny Qwen3 ({args.layers}x{args.hidden}, random init), GRPO on CPU: {args.steps} steps, lr {args.lr:g}, "
+        f"tiny Qwen3 ({args.layers}x{args.hidden}, random init), GRPO on CPU: {summary['steps']} steps, lr {args.lr:g}, "
         f"{args.batch_size * n_processes} decisions/step\ngreedy eval on {args.eval_episodes} paired episodes per env "
         f"(outcome envs {n_out}), seeds {','.join(map(str, seeds))}; env instances: {instances}"
     )
