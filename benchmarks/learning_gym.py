@@ -26,11 +26,12 @@ Figures: ``benchmarks/RESULTS.md``. FrozenLake's optimal policy is mostly "left"
 against the slipping) and one wrong action at any of states 0, 4, 8 or 14 makes the return 0, so its
 score is all or nothing. An evaluation of a policy that stalls plays 100 decisions per episode: minutes on CPU.
 
-Both envs train with the library's default update, ``--dense_update all_actions`` (every legal action's Q* trains the
-act, see ``alea_trl.trainer.loss.dense``): with the sampled update FrozenLake's act collapses to one state-blind action
-before it reads the position, its best actions' probabilities fall near 0 and the groups of k samples stop containing
-them, so nothing brings them back (``--dense_update sampled`` reproduces it; ``benchmarks/RESULTS.md`` has the
-per-state diagnosis).
+Both envs train with the library's default update, ``--dense_update all_actions_ascent`` (every legal action trains
+the act toward a step computed from its Q*, see ``alea_trl.trainer.loss.dense``; ``--dense_update all_actions`` is
+the plain all-actions update): with the sampled update FrozenLake's act collapses to one state-blind action before
+it reads the position, its best actions' probabilities fall near 0 and the groups of k samples stop containing them,
+so nothing brings them back (``--dense_update sampled`` reproduces it; ``benchmarks/RESULTS.md`` has the per-state
+diagnosis).
 
 Prints the table and, last, one JSON line; writes ``<out>/learning_curves.png`` and ``<out>/learning.json``.
 """

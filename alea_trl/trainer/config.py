@@ -93,24 +93,28 @@ class AleaEnvGRPOConfig(GRPOConfig):
             expected return at them and `env/<name>/return_best_of_k` the realised return (an env whose
             `action_rewards` are returns-to-go, `action_rewards_to_go` as the Gymnasium adapter's Q*, logs its realised
             return as both).
-        dense_update (`str`, *optional*, defaults to `"all_actions"`):
-            What trains a dense decision's act: every legal action with its exact advantage `(Q(a) - V) / scale`
-            (`"all_actions"`, see `alea_trl.trainer.loss.dense`), or its k sampled actions with their group
-            advantages (`"sampled"`, GRPO's update). Under `"all_actions"` an action better than the policy's
-            expected reward `V` gets a log-probability step that does not shrink with its probability, a worse one the
-            exact expected gradient. The sampled update shrinks with the best action's probability, so a state whose
-            best action became improbable may never sample it again; under `"all_actions"` it keeps a full step.
-            `"mirror"` (see `alea_trl.trainer.loss.dense`) trains every legal action toward the mirror-descent
-            target of GRPO's own objective `E[Q] / scale - beta KL(pi || pi_ref)` over the legal actions: every step
-            ascends it, its fixed point is `pi*(a) ~ pi_ref(a) exp(Q(a) / (scale beta))` (greedy at `beta = 0`), its
-            size is at most the largest advantage whatever the number of legal actions and its loss is bounded; the
-            KL is folded into its steps (no separate KL term for these decisions). `"all_actions_ascent"` keeps
-            the all-actions step (its push away from a mode that better actions beat) with the same four properties:
-            the KL folded into the advantages, a step whose cosine with the objective's gradient is under 0.1 lifted
-            to 0.1, its size capped at the largest advantage, and the step fitted as `"mirror"`'s is.
+        dense_update (`str`, *optional*, defaults to `"all_actions_ascent"`):
+            What trains a dense decision's act (see `alea_trl.trainer.loss.dense`). `"all_actions_ascent"`: every
+            legal action trains toward a log-probability step computed when the decision is made, on GRPO's own
+            objective over the legal actions `J = E[Q] / scale - beta KL(pi || pi_ref)`: the all-actions step below on
+            the regularised advantages (the KL folded in, so these decisions take no separate KL term), lifted to a
+            cosine of at least 0.1 with the gradient of `J` where it is below (every step ascends `J`), its size capped
+            at the largest advantage whatever the number of legal actions, and fitted by a regression loss bounded by
+            `max A^2 / 2` (no ratio clip: with `num_iterations > 1` later passes approach the same target and stop
+            there). Its fixed point is `pi*(a) ~ pi_ref(a) exp(Q(a) / (scale beta))` (greedy at `beta = 0`),
+            and an improbable action better than the policy's average keeps a step of about its advantage.
+            `"all_actions"`: every legal action with its exact advantage `(Q(a) - V) / scale`; an action better than
+            the policy's expected reward `V` gets a log-probability step that does not shrink with its probability, a
+            worse one the exact expected gradient, with the ratio clip of `epsilon` / `epsilon_high` per legal action
+            and `beta` as a separate KL term. It settles greedier than `pi*` at `beta > 0`, its step grows with the
+            number of legal actions and on about one random decision in ten it does not ascend `J`.
+            `"mirror"`: every legal action toward the mirror-descent target of `J` (the natural-gradient step
+            `A / sqrt(n)` over the `n` legal actions, fitted as `"all_actions_ascent"` is), with the same fixed point.
+            `"sampled"`: the k sampled actions with their group advantages (GRPO's update); its step shrinks with the
+            best action's probability, so a state whose best action became improbable may never sample it again.
             `loss_type` (other than grpo / bnpo), `top_entropy_quantile` and `off_policy_mask_threshold` act on
-            sampled actions and are refused unless `"sampled"`: set it to use them. Outcome decisions
-            train by their samples either way.
+            sampled actions and are refused under every value but `"sampled"`, the default included: set `"sampled"`
+            to use them. Outcome decisions train by their samples whatever this field says.
         outcome_advantage (`str`, *optional*, defaults to `"branch"`):
             How an outcome decision's sampled action is valued: `"rtg"`, its reward-to-go (this and every later
             reward of the episode) against that env's recent rewards-to-go at the same step of an episode; `"branch"`,
@@ -139,9 +143,10 @@ class AleaEnvGRPOConfig(GRPOConfig):
             env's; with branching its cost grows with its k. A JSON string is accepted.
         outcome_loss_weight (`float`, *optional*, defaults to `1.0`):
             Weight of an outcome env's decision in the policy loss, a dense env's weighing 1. Every decision is one
-            term (the mean over its samples, or its all-actions term) divided by the decisions of the micro-batch,
-            so at 1 a dense and an outcome decision of equal advantages pull equally, whatever their k and whatever
-            shares their micro-batch; the kinds' shares of a step follow their numbers of decisions times weights.
+            term (the mean over its samples, or its term over every legal action) divided by the decisions of the
+            micro-batch, so at 1 a dense and an outcome decision of equal advantages pull equally, whatever their k
+            and whatever shares their micro-batch; the kinds' shares of a step follow their numbers of decisions times
+            weights.
         outcome_baseline_window (`int`, *optional*, defaults to `64`):
             Outcome envs: returns (and returns-to-go at each step) are normalised per env by the mean (and, with
             `scale_rewards`, the std) of this many most recent ones of that env.
@@ -235,11 +240,12 @@ class AleaEnvGRPOConfig(GRPOConfig):
         },
     )
     dense_update: str = field(
-        default="all_actions",
+        default="all_actions_ascent",
         metadata={
-            "help": "What trains dense decisions: 'all_actions' (every legal action), 'mirror' (every legal action, "
-            "toward the mirror-descent target of E[Q] - beta KL), 'all_actions_ascent' (every legal action, toward the "
-            "all-actions step made an ascent of E[Q] - beta KL, bounded) or 'sampled' (the k samples)."
+            "help": "What trains dense decisions: 'all_actions_ascent' (the default: every legal action, toward the "
+            "all-actions step made an ascent of E[Q] - beta KL, bounded), 'all_actions' (every legal action), "
+            "'mirror' (every legal action, toward the mirror-descent target of E[Q] - beta KL) or 'sampled' (the k "
+            "samples)."
         },
     )
     outcome_advantage: str = field(

@@ -229,6 +229,7 @@ class UnpackedLoop:
                 beta=0.0,
                 report_w=args.report_w,
                 taus=tuple(model.config.taus),
+                dense_update=args.dense_update,  # the rows carry what the rollout computed for this update
             )
             _, terms = grpo_loss(out, batch, inputs, settings)
             loss = terms.policy * (float(inputs["sample_mask"].sum()) / max(n_samples, 1))

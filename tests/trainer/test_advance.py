@@ -13,7 +13,7 @@ from alea_trl.trainer.rollout.pool import EpisodePool
 
 
 def _rollout(tokenizer, make_args, **overrides):
-    args = make_args(**overrides)
+    args = make_args(**({"beta": 0.0} | overrides))  # driven by hand: no reference policy, no KL
     factories = {"kelly": lambda: make_env("kelly"), "nim": lambda: make_env("nim")}
     return Rollout(EpisodePool(factories, eps_per_env=3, rng=np.random.default_rng(0)), tokenizer, args, seed=0)
 
@@ -64,7 +64,7 @@ def test_actions_follow_the_act_head_and_dense_advantages_are_per_decision(token
 def test_batch_scaled_advantages_use_each_envs_own_std(tokenizer, make_args):
     """``scale_rewards="batch"`` on a kelly + newsvendor wave: a row's advantages are scaled by the std of its own
     env's sampled rewards (log growth and money differ by orders of magnitude)."""
-    args = make_args(scale_rewards="batch")
+    args = make_args(scale_rewards="batch", beta=0.0)  # driven by hand: no reference policy, no KL
     factories = {"kelly": lambda: make_env("kelly"), "newsvendor": lambda: make_env("newsvendor")}
     rollout = Rollout(EpisodePool(factories, eps_per_env=3, rng=np.random.default_rng(0)), tokenizer, args, seed=0)
     wave = rollout.observe_wave(6)

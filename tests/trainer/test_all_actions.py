@@ -181,6 +181,7 @@ def test_learns_dense_env_by_every_legal_action(tiny_model, tokenizer, make_args
     "dense_update, outcome, says",
     [
         ("all_actions", "branch", "outcome decisions are GRPO groups of 8 (nim: 16) actions valued by Monte Carlo"),
+        ("all_actions_ascent", "branch", 'made an ascent of E[Q] - beta KL (`dense_update="all_actions_ascent"`)'),
         ("all_actions", "rtg", "outcome decisions are valued by their reward-to-go"),
         ("sampled", "rtg", "dense decisions are GRPO groups of 8 (nim: 16) actions scored by their exact expected"),
     ],
@@ -189,4 +190,4 @@ def test_model_card_names_the_update_and_only_the_groups_it_samples(dense_update
     args = SimpleNamespace(dense_update=dense_update, num_generations=8, num_generations_per_env={"nim": 16})
     text = _update_sentence(args, outcome)
     assert says in text
-    assert ("every legal action" in text) == (dense_update == "all_actions")
+    assert ("every legal action" in text) == (dense_update != "sampled")

@@ -86,8 +86,9 @@ class Corridor(AleaEnv):
 
 def _rollout(tokenizer, make_args, name, factory, **overrides):
     args = make_args(
-        envs=[name], eps_per_env=1, num_generations=4, scale_rewards="none", outcome_advantage="branch", **overrides
-    )
+        envs=[name], eps_per_env=1, num_generations=4, scale_rewards="none", outcome_advantage="branch",
+        **({"beta": 0.0} | overrides),  # driven by hand: no reference policy, no KL
+    )  # fmt: skip
     pool = EpisodePool({name: factory}, eps_per_env=1, rng=np.random.default_rng(0))
     return Rollout(pool, tokenizer, args, seed=0)
 

@@ -1,5 +1,6 @@
-"""``log_completions`` shows what trains: under ``dense_update="all_actions"`` (the default) a dense decision's legal
-actions with the advantages they train by, not its k samples' group advantages (which train nothing there)."""
+"""``log_completions`` shows what trains: under every ``dense_update`` but ``"sampled"`` (the default
+``"all_actions_ascent"`` included) a dense decision's legal actions with the steps or advantages they train by, not
+its k samples' group advantages (which train nothing there)."""
 
 import numpy as np
 import pytest
@@ -15,7 +16,9 @@ from .toy_envs import NamedBestEnv
 
 def _one_dense_row(tokenizer, make_args, **overrides):
     """One NamedBestEnv decision whose policy puts most mass on the first option: its row and the options."""
-    args = make_args(envs=["named_best"], eps_per_env=1, num_generations=4, **overrides)
+    args = make_args(
+        envs=["named_best"], eps_per_env=1, num_generations=4, **({"beta": 0.0} | overrides)
+    )  # driven by hand: no reference policy, no KL
     rollout = Rollout(EpisodePool({"named_best": NamedBestEnv}, 1, np.random.default_rng(1)), tokenizer, args, seed=3)
     wave = rollout.observe_wave(1)
     env = wave.episodes[0].env

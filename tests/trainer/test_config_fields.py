@@ -75,7 +75,8 @@ REFUSED_VALUES = {
 }
 
 # the fields that act on sampled actions (loss_type other than grpo / bnpo, top_entropy_quantile,
-# off_policy_mask_threshold) are tested with dense_update="sampled": the default all-actions update refuses them
+# off_policy_mask_threshold) are tested with dense_update="sampled": every other update, the default included, refuses
+# them
 SAMPLED = dict(dense_update="sampled")
 
 # (overrides, the field the error must name): invalid values and meaningless combinations of acting fields
@@ -111,7 +112,7 @@ REFUSED_COMBINATIONS = [
     (dict(num_generations_per_env={"nim": 1.5}), "num_generations_per_env"),
     (dict(num_generations_per_env="nim=16"), "num_generations_per_env"),
     (dict(dense_update="every"), "dense_update"),
-    (dict(loss_type="dapo"), "loss_type"),  # the default dense_update="all_actions" refuses these three
+    (dict(loss_type="dapo"), "loss_type"),  # the default dense_update="all_actions_ascent" refuses these three
     (dict(top_entropy_quantile=0.5), "top_entropy_quantile"),
     (dict(off_policy_mask_threshold=0.5), "off_policy_mask_threshold"),
 ]
@@ -178,7 +179,7 @@ def test_defaults_are_accepted(make_args):
     # loss_type: "grpo" (the mean over sampled actions), not GRPOConfig's "dapo"; dense decisions
     # train by every legal action
     assert (args.loss_type, args.top_k, args.top_p, args.min_p) == ("grpo", 0, 1.0, None)
-    assert args.dense_update == "all_actions"
+    assert args.dense_update == "all_actions_ascent"
 
 
 def test_trust_remote_code_reaches_the_model_loaders(make_args):

@@ -53,7 +53,9 @@ class Uncopyable(CountingEnv):
 
 
 def _rollout(tokenizer, make_args, factory, **overrides):
-    args = make_args(envs=[factory.name], eps_per_env=1, num_generations=4, scale_rewards="none", **overrides)
+    args = make_args(
+        envs=[factory.name], eps_per_env=1, num_generations=4, scale_rewards="none", **({"beta": 0.0} | overrides)
+    )  # driven by hand: no reference policy, no KL
     pool = EpisodePool({factory.name: factory}, eps_per_env=1, rng=np.random.default_rng(0))
     return Rollout(pool, tokenizer, args, seed=0)
 
@@ -97,7 +99,9 @@ def test_branching_values_each_sampled_action_by_its_return_in_an_env_copy(token
         expected = torch.zeros(4)
     torch.testing.assert_close(torch.tensor(row.advantages), expected)
     assert wave.episodes[0].env.t == before + 1  # the episode itself took one step (the first sample)
-    assert rollout.pop_stats()["branch/continuation_decisions"] == [8.0]  # 4 copies x the 2 decisions left
+    stats = rollout.pop_stats()
+    assert stats["branch/continuation_decisions"] == [8.0]  # 4 copies x the 2 decisions left
+    assert stats["branch/continuation_forwards"] == [2.0]  # the copies read "Step t of 3" alike: one row a round
 
 
 def test_an_env_of_its_own_k_gets_groups_of_that_size(tokenizer, make_args):
@@ -107,6 +111,7 @@ def test_an_env_of_its_own_k_gets_groups_of_that_size(tokenizer, make_args):
     args = make_args(
         envs=list(factories), eps_per_env=1, num_generations=4, scale_rewards="none",
         num_generations_per_env={"counting": 6}, outcome_advantage="branch", branch_limit=8,
+        beta=0.0,  # driven by hand: no reference policy, no KL
     )  # fmt: skip
     pool = EpisodePool(factories, eps_per_env=1, rng=np.random.default_rng(0))
     rollout = Rollout(pool, tokenizer, args, seed=0)
@@ -166,12 +171,52 @@ def _nim_branch_values(rollout, piles, n_decisions):
         env.piles, env._decision = list(piles), None
         episodes.append(Episode("nim", env))
     n = sum(piles)
-    values, answered = branch_values(
+    values, answered, _ = branch_values(
         episodes, [list(range(n))] * n_decisions, rollout.observer, _uniform_legal, torch.Generator().manual_seed(0),
         temperature=1.0, limit=n_decisions, fallbacks=BranchFallbacks(),
     )  # fmt: skip
     assert all(v is not None for v in values)
     return np.array(values), answered
+
+
+def test_a_round_answers_each_distinct_decision_once_and_the_branch_values_are_unchanged(
+    tokenizer, make_args, monkeypatch
+):
+    """Nim at piles (2, 3, 3), every move branched in 40 episodes whose opponents share their randomness: a round's
+    copies often stand in the same position. The policy here is a fixed function of the packed tokens, so answering
+    the distinct decisions once and repeating their rows must give the very draws, returns and counts that answering
+    every decision gives, with fewer rows answered."""
+    from alea_trl.trainer.rollout import branching
+
+    rollout = _rollout(tokenizer, make_args, NimEnv, outcome_advantage="branch")
+    seen = []
+
+    def token_policy(packed):  # logits that depend on the tokens only, -inf beyond the legal moves
+        seen.append(len(packed))
+        rows = []
+        for p in packed:
+            z = torch.tensor([((sum(p.input_ids) * (a + 3)) % 17) / 4.0 for a in range(9)])
+            rows.append(torch.where(torch.arange(9) < len(p.questions[0].options), z, -torch.inf))
+        return torch.stack(rows)
+
+    def run():
+        episodes = []
+        for _ in range(40):
+            env = NimEnv(n_piles=3, max_stones=3).reset(np.random.default_rng(3))
+            env.piles, env._decision = [2, 3, 3], None
+            episodes.append(Episode("nim", env))
+        return branch_values(
+            episodes, [list(range(8))] * 40, rollout.observer, token_policy,
+            torch.Generator().manual_seed(0), temperature=1.0, limit=40, fallbacks=BranchFallbacks(),
+        )  # fmt: skip
+
+    values, answered, forwarded = run()
+    assert sum(seen) == forwarded and forwarded < answered / 4  # 40 identical starts: most rows repeat
+    seen.clear()
+    monkeypatch.setattr(branching, "distinct_logits", lambda fn, packed: (fn(packed), len(packed)))
+    every_values, every_answered, every_forwarded = run()
+    assert sum(seen) == every_forwarded == every_answered == answered
+    assert values == every_values
 
 
 @pytest.mark.parametrize("explore", [0.0, 0.5, 1.0])
@@ -185,7 +230,7 @@ def test_branch_explore_values_branches_under_the_mixed_continuation_policy(toke
     def sure_of_zero(packed):
         return torch.tensor([[0.0, -30.0, -30.0]] * len(packed))
 
-    values, answered = branch_values(
+    values, answered, _ = branch_values(
         episodes, [[0, 1, 2]] * len(episodes), rollout.observer, sure_of_zero, torch.Generator().manual_seed(0),
         temperature=1.0, limit=len(episodes), fallbacks=BranchFallbacks(), explore=explore,
     )  # fmt: skip
@@ -322,5 +367,7 @@ def test_continuations_run_in_the_mode_of_the_forward_that_sampled_the_actions(
     )
     trainer.train()
     no_grad = [training for grad, training in modes if not grad]  # continuations (and, separately, rollout waves)
-    assert no_grad and trainer.state.log_history[0]["branch/continuation_decisions"] > 0
+    logged = trainer.state.log_history[0]
+    assert no_grad and logged["branch/continuation_decisions"] > 0
+    assert 0 < logged["branch/continuation_forwards"] <= logged["branch/continuation_decisions"]
     assert set(no_grad) == {num_iterations == 1}

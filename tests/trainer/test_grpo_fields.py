@@ -31,7 +31,9 @@ from .toy_envs import COLOURS, ThreeInARowEnv
 def _rollout(tokenizer, make_args, factories=None, **overrides):
     factories = factories or {"kelly": lambda: make_env("kelly"), "nim": lambda: make_env("nim")}
     pool = EpisodePool(factories, eps_per_env=3, rng=np.random.default_rng(0))
-    return Rollout(pool, tokenizer, make_args(**overrides), seed=0)
+    return Rollout(
+        pool, tokenizer, make_args(**({"beta": 0.0} | overrides)), seed=0
+    )  # driven by hand: no reference policy, no KL
 
 
 def _act_logits(wave, seed=0):
@@ -387,7 +389,7 @@ def test_log_completions_writes_trls_table_of_sampled_actions(
     assert (table["step"] == 1).all() and set(table["completion"]) <= set(COLOURS)
     assert all(p.startswith(f"{e}: The winning colour is") for p, e in zip(table["prompt"], table["env"]))
     dense = table[table["env"] == "named_best"]
-    # the default all-actions update trains each of a dense decision's 4 legal actions once: those are logged
+    # the default dense update trains each of a dense decision's 4 legal actions once: those are logged
     assert len(dense) > 0 and len(dense) % 4 == 0
     for start in range(0, len(dense), 4):
         decision = dense.iloc[start : start + 4]

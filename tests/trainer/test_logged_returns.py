@@ -19,7 +19,9 @@ LAKE = "gym-frozenlake-4x4"
 
 def _returns(tokenizer, make_args, name, factory, n_episodes, **overrides):
     """Play uniformly (all-zero act logits) until ``n_episodes`` episodes end; the rollout's statistics."""
-    args = make_args(envs=[name], eps_per_env=2, num_generations=4, **overrides)
+    args = make_args(
+        envs=[name], eps_per_env=2, num_generations=4, **({"beta": 0.0} | overrides)
+    )  # driven by hand: no reference policy, no KL
     rollout = Rollout(EpisodePool({name: factory}, 2, np.random.default_rng(0)), tokenizer, args, seed=0)
     stats = {"return": [], "return_best_of_k": []}
     for _ in range(500):

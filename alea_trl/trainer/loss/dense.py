@@ -3,8 +3,13 @@ reward of every legal action, not only of the k sampled ones, so a dense decisio
 Their advantages and steps are computed when the decision is made
 (:mod:`~alea_trl.trainer.rollout.advantages`: ``all_action_advantages``, ``step_targets``); the losses are here.
 
-``dense_update="all_actions"`` (the default): every legal action's exact expected reward trains the act head, and an
-action better than the policy's average gets a step that does not shrink with its probability.
+The default is ``dense_update="all_actions_ascent"`` (9-12): every legal action trains toward the all-actions step (2)
+on the regularised advantages (5), repaired into an ascent step of GRPO's objective ``J`` and fitted by the bounded
+regression loss of ``"mirror"`` (7-8).
+
+``dense_update="all_actions"`` (opt-in; the step the default repairs): every legal action's exact expected reward
+trains the act head, and an action better than the policy's average gets a step that does not shrink with its
+probability.
 
 1. A dense env reports the exact expected reward ``Q(a)`` of every legal action, not only of the k sampled ones. The
    advantage of action ``a`` is ``(Q(a) - V) / scale`` with ``V = sum_b p(b) Q(b)`` the behaviour policy's expected
@@ -52,8 +57,8 @@ reports: ``J(pi) = sum_a pi(a) Q(a) / s - beta KL(pi || pi_ref)`` (``s`` the rew
 8. ``temperature`` divides the logits before the softmax (as in TRL): the target is on the log-probs of the sampled
    policy, so its logit gradient scales by ``1 / temperature``.
 
-``dense_update="all_actions_ascent"``: the all-actions step, repaired into a step on the same objective ``J`` and
-fitted as the mirror step is (7, 8).
+``dense_update="all_actions_ascent"`` (the default): the all-actions step, repaired into a step on the same objective
+``J`` and fitted as the mirror step is (7, 8): no ratio clip, and ``beta`` acts through the steps, not a KL term.
 
 9. The step starts from all-actions' logit step on the regularised advantages of 5: ``w(a) = A(a)`` for a better
    action, ``A(a) pi_old(a)`` for a worse one, and ``g = w - pi_old sum_b w(b)``. Its shift ``- pi_old sum_b w(b)``

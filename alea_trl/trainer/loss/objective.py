@@ -15,8 +15,10 @@ Design decisions:
    2017; Shao et al. 2024).
 3. The other ``loss_type`` terms and normalisations, the off-policy mask, the high-entropy mask and the entropy bonus
    are TRL's, read over sampled actions (:mod:`~alea_trl.trainer.loss.policy`).
-4. The KL is exact, ``sum_a p(a) (log p(a) - log p_ref(a))`` over the legal actions, not a sampled estimator; it is a
-   summed over the rows whose KL trains in this forward (``kl_report_mask``) and divided by ``N``.
+4. The KL is exact, ``sum_a p(a) (log p(a) - log p_ref(a))`` over the legal actions, not a sampled estimator; it is
+   summed over the rows whose KL trains in this forward (``kl_report_mask``) and divided by ``N``. The dense rows of
+   a step-target ``dense_update`` (the default ``"all_actions_ascent"``, or ``"mirror"``) take no KL term: their
+   steps already hold it (:mod:`~alea_trl.trainer.loss.dense`).
 5. Report losses are computed per question with the strictly proper rule of its qtype against the oracle target.
 6. Every head takes part in every loss (at weight 0 when it has no term): DDP runs without searching for unused
    parameters.
@@ -140,7 +142,8 @@ class ObjectiveSettings:
         dense_update (`str`, defaults to `"all_actions"`): how the rows of ``inputs["all_actions_rows"]`` train:
             ``"all_actions"`` (:func:`~alea_trl.trainer.loss.dense.all_actions_loss`), ``"mirror"`` or
             ``"all_actions_ascent"`` (:func:`~alea_trl.trainer.loss.dense.step_target_loss`, whose steps hold the
-            reference term: those rows take no separate ``beta`` x KL).
+            reference term: those rows take no separate ``beta`` x KL and no ratio clip). It must be the update the
+            rows were made under; :meth:`from_args` passes the config's, whose default is ``"all_actions_ascent"``.
         policy (`PolicyObjective`): ``loss_type`` and its settings, the off-policy mask threshold and
             ``top_entropy_quantile``.
     """
@@ -210,7 +213,7 @@ def grpo_loss(
     old_logp, advantages = inputs["old_logps"].to(device), inputs["advantages"].to(device)
     sample_mask, outcome_rows = inputs["sample_mask"].to(device), inputs["outcome_rows"].to(device)
     all_rows = inputs["all_actions_rows"].to(device) if "all_actions_rows" in inputs else None
-    if all_rows is not None:  # dense_update="all_actions": these rows' act trains by every legal action, not samples
+    if all_rows is not None:  # dense_update other than "sampled": these rows' act trains by every legal action
         sample_mask = sample_mask & ~all_rows[:, None]
     collectives = collectives or Collectives()
     entropy = act_entropy(logp_all, legal) if entropy_coef is not None or objective.top_entropy_quantile < 1 else None
@@ -261,9 +264,9 @@ def grpo_loss(
 
 
 def with_all_actions(stats: PolicyStats, n_clipped, n_terms, kl_sum, n_rows) -> PolicyStats:
-    """``stats`` of the sampled actions merged with the all-actions update's: ``clip_ratio`` over all the terms
-    (samples, and each all-actions decision's legal actions), ``approx_kl`` over the samples and decisions (an
-    all-actions decision gives its exact KL(behaviour || current))."""
+    """``stats`` of the sampled actions merged with those of the decisions trained over every legal action:
+    ``clip_ratio`` over all the terms (samples, and each such decision's legal actions; the step-target updates clip
+    none), ``approx_kl`` over the samples and decisions (such a decision gives its exact KL(behaviour || current))."""
     n_samples = stats.n_samples.float()
     return PolicyStats(
         clip_ratio=(stats.clip_ratio * n_samples.clamp(min=1) + n_clipped) / (n_samples + n_terms).clamp(min=1),

@@ -7,17 +7,19 @@ Design decisions:
    collectives.
 3. The loss terms of a micro-batch are moved to the host in one device sync.
 
-``log_completions``: the sampled actions of training, as TRL's table of completions (parquet files under
+``log_completions``: the actions that train, as TRL's table of completions (parquet files under
 ``output_dir/completions``, the rich console table, wandb / trackio, the Hub dataset of ``log_completions_hub_repo``).
 4. One entry per action that trains, logged when its row is handed to the loss (rows of a separate rollout when
    their generation batch is made; with ``sample_in_loss_forward``, the rows whose actions train in each loss
    forward), so every action is logged once: ``prompt`` is the env name and the start of the state text,
    ``completion`` the option label of the action, ``reward`` the value its advantage was computed from (dense: its
    expected reward; outcome: its branch return, return-to-go or the episode's return), ``advantage``, and an ``env``
-   column. The actions that train are a decision's sampled ones, except under ``dense_update="all_actions"`` (the
-   default): a dense decision then trains every legal action by its own advantage and its k samples only choose how
-   the episode advances, so its entries are its legal actions with those advantages (a row of n legal actions
-   logs n entries, whatever k).
+   column. The actions that train are a decision's sampled ones, except a dense decision's under a ``dense_update``
+   other than ``"sampled"`` (the default ``"all_actions_ascent"`` included): it trains every legal action and its k
+   samples only choose how the episode advances, so its entries are its legal actions (a row of n legal actions logs
+   n entries, whatever k), each with its expected reward and, in the ``advantage`` column, what it trains by: its
+   log-prob step (the default, and ``"mirror"``: computed from the regularised advantages when the decision is made,
+   centred over the legal actions) or its advantage (``"all_actions"``).
 5. ``GRPOTrainer.log`` writes the table from TRL's ``_logs`` deques; they are sized to hold one generation batch's
    actions (``generation_batch_size x num_generations``), so a table shows the latest ones.
 6. The entries of all processes are gathered (``gather_object``): every process calls it at the same points.
@@ -53,7 +55,8 @@ def rollout_sums(stats: dict[str, list[float]], env_names: list[str]) -> dict[st
     """(sum, count) pairs of a rollout's statistics: per env the episode return (and the realised return of dense
     episodes advanced by the best of k), the share of episodes that reached their goal (goal-reaching envs), the
     regret and the entropy of the act distribution (means over decisions or episodes), and the totals of skipped
-    decisions, env errors, branched decisions and their continuation decisions, and of the decisions whose branching
+    decisions, env errors, branched decisions, their continuation decisions and the rows answered for those
+    (``branch/continuation_forwards``: the distinct decisions of each round), and of the decisions whose branching
     failed (``branch/failed``, and by cause ``branch/failed/<cause>``) or hit ``branch_max_rounds``
     (``branch/capped``)."""
     keys = [
@@ -61,6 +64,7 @@ def rollout_sums(stats: dict[str, list[float]], env_names: list[str]) -> dict[st
     ]
     sums = {k: (sum(stats.get(k, [])), len(stats.get(k, []))) for k in keys}
     totals = ["skipped_decisions", "env_errors", "branch/decisions", "branch/continuation_decisions"]
+    totals += ["branch/continuation_forwards"]
     totals += ["branch/failed", *(f"branch/failed/{cause}" for cause in FAILURE_CAUSES), "branch/capped"]
     for total in totals:
         sums[total] = (sum(stats.get(total, [])), 1.0)
@@ -146,7 +150,9 @@ STATE_EXCERPT = 200  # characters of the state text in a logged prompt
 
 def decision_entries(inputs: dict, env_names: list[str], tokenizer) -> list[tuple[str, str, float, float, str]]:
     """``(prompt, completion, reward, advantage, env)`` of every action that trains in loss inputs: each real sample,
-    or every legal action of a row trained by all its actions (``all_actions_rows``).
+    or every legal action of a row trained by all its actions (``all_actions_rows``), with its expected reward and
+    its ``action_advantages`` entry (its log-prob step under a step-target ``dense_update``, the default included;
+    its advantage under ``"all_actions"``).
 
     Args:
         inputs (`dict`): loss inputs (see `alea_trl.trainer.rollout.rows.rows_to_inputs`).
@@ -165,7 +171,7 @@ def decision_entries(inputs: dict, env_names: list[str], tokenizer) -> list[tupl
         state = tokenizer.decode(packed.input_ids[: min(packed.n_state_tokens, STATE_EXCERPT)])
         prompt = f"{name}: {state.strip()[:STATE_EXCERPT]}"
         options = next(q for q in packed.questions if q.qid == ACT_QID).options
-        if every_action[i]:  # every legal action trains by its own advantage; the samples only advance the episode
+        if every_action[i]:  # every legal action trains by its own step or advantage; the samples only advance
             for a, option in enumerate(options):
                 entries.append((prompt, str(option), action_values[i][a], action_advantages[i][a], name))
             continue

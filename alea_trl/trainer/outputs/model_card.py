@@ -405,17 +405,17 @@ Framework versions:
 def _update_sentence(args, outcome) -> str:
     """What the policy gradient trains on, dense and outcome decisions, with k where a group of k samples is used."""
     value = OUTCOME_VALUES.get(outcome, outcome)
-    update = getattr(args, "dense_update", "all_actions")
+    update = getattr(args, "dense_update", "all_actions_ascent")
     if update == "sampled":
         return (
             f"dense decisions are GRPO groups of {_group_sizes(args)} actions scored by their exact expected rewards, "
             f"outcome decisions are valued by {value}"
         )
     groups = f"are GRPO groups of {_group_sizes(args)} actions " if outcome == "branch" else "are "
-    how = {
-        "mirror": "toward the mirror-descent target of E[Q] - beta KL",
-        "all_actions_ascent": "toward the all-actions step made an ascent of E[Q] - beta KL",
-    }.get(update, "on every legal action's exact expected reward")
+    how = "on every legal action's exact expected reward" + {
+        "mirror": ", toward the mirror-descent target of E[Q] - beta KL",
+        "all_actions_ascent": ", toward the all-actions step made an ascent of E[Q] - beta KL",
+    }.get(update, "")
     return f'dense decisions train {how} (`dense_update="{update}"`), outcome decisions {groups}valued by {value}'
 
 

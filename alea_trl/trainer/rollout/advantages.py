@@ -11,8 +11,8 @@ Design decisions:
 3. A dense decision trained by every legal action (``dense_update``, see :mod:`~alea_trl.trainer.loss.dense`):
    ``all_actions``: the advantage of action ``a`` is ``(Q(a) - V) / scale`` with ``V = sum_b p(b) Q(b)`` the behaviour
    policy's expected reward and ``scale`` as ``scale_rewards`` says (:func:`reward_scale`); a decision whose legal
-   actions are all worth the same has none. ``mirror`` and ``all_actions_ascent``: the log-prob step ``g`` each
-   rule takes (:func:`step_targets`), from the advantages of the regularised objective.
+   actions are all worth the same has none. ``mirror`` and ``all_actions_ascent`` (the default): the log-prob step
+   ``g`` each rule takes (:func:`step_targets`), from the advantages of the regularised objective.
 """
 
 from __future__ import annotations
@@ -138,7 +138,12 @@ def regularised_advantages(
         raise ValueError("regularised_advantages: field 'ref_logp': needed when beta != 0")
     old_logp = old_logp.double().masked_fill(~legal, 0.0)  # float64: p A of an improbable action is tiny
     p = old_logp.exp().masked_fill(~legal, 0.0)  # (N, A)
-    r = rewards.double().masked_fill(~legal, 0.0) / scale.double()  # (N, A)
+    q = rewards.double()
+    tie = q.masked_fill(~legal, -math.inf).amax(-1, keepdim=True) == q.masked_fill(~legal, math.inf).amin(
+        -1, keepdim=True
+    )
+    # actions all worth the same have no reward advantage: exactly 0, not the rounding residue of Q - sum p Q
+    r = q.masked_fill(~legal | tie, 0.0) / scale.double()  # (N, A)
     if beta != 0.0:
         r = r - beta * (old_logp - ref_logp.double().masked_fill(~legal, 0.0))
     advantage = (r - (p * r).sum(-1, keepdim=True) / p.sum(-1, keepdim=True)).masked_fill(~legal, 0.0)

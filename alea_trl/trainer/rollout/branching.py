@@ -12,7 +12,11 @@ Design decisions:
 3. The branches of all decisions of a wave advance together: each round observes every live branch, answers them in
    one no-grad forward (``continuation_logits``) and samples one action each. Only the act is packed and
    answered there (``Observer.prepare(act_only=True)``): the reports' tokens and oracle targets would go unused.
-4. Cost: about k x (decisions left in the episode) forwards without autograd per branched decision. ``branch_limit``
+4. Cost: about k x (decisions left in the episode) continuation decisions without autograd per branched decision,
+   but a round answers each distinct packed decision once (:func:`distinct_logits`): the k copies of a decision start
+   from one state, the envs' shared randomness keeps copies that took the same actions in the same state, and a
+   near-deterministic policy keeps taking the same actions, so many of a round's decisions repeat (``branch/
+   continuation_forwards`` counts the rows answered, ``branch/continuation_decisions`` the decisions). ``branch_limit``
    caps the decisions branched per call and ``branch_max_rounds`` the continuation rounds of a call (an episode with
    no horizon under a policy that never ends it would otherwise loop inside one training step); a decision whose
    branches are still running at the cap is counted (``branch/capped``) and valued by reward-to-go when its episode
@@ -141,8 +145,9 @@ def branch_values(
             actions (see the module docstring).
 
     Returns:
-        `(list[list[float] | None], int)`: per decision its k branch returns, or ``None`` where it was not branched;
-        and the number of continuation decisions answered.
+        `(list[list[float] | None], int, int)`: per decision its k branch returns, or ``None`` where it was not
+        branched; the number of continuation decisions answered; the number of rows the policy answered for them
+        (the distinct ones of each round).
     """
     values: list[list[float] | None] = [None] * len(episodes)
     live = []  # [decision, branch, env copy]
@@ -166,7 +171,7 @@ def branch_values(
         return f"decision {episodes[i].n_decisions} of its episode, branch {j} of {len(actions[i])}"
 
     failed: set[int] = set()  # decisions valued otherwise (failed or capped)
-    answered = rounds = 0
+    answered = forwarded = rounds = 0
     pending = [(i, j, env, actions[i][j]) for i, j, env in live]
     while pending:
         live = []
@@ -206,9 +211,11 @@ def branch_values(
                 fallbacks.cap(episodes[i].env_name, max_rounds)
             break
         packed, kept = [p for p, _ in prepared], [branch for _, branch in prepared]
-        logp = host_log_probs(continuation_logits(packed), temperature)[0]  # (M, A)
+        logits, n_distinct = distinct_logits(continuation_logits, packed)
+        logp = host_log_probs(logits, temperature)[0]  # (M, A)
         rounds += 1
         answered += len(kept)
+        forwarded += n_distinct
         probs = sampling_probs(logp, *filters)
         if explore > 0.0:
             legal = torch.isfinite(logp)
@@ -217,11 +224,48 @@ def branch_values(
         pending = [(i, j, env, a) for (i, j, env), a in zip(kept, drawn)]
     for i in failed:
         values[i] = None
-    return values, answered
+    return values, answered, forwarded
+
+
+def distinct_logits(logits_fn: Callable, packed: list) -> tuple[torch.Tensor, int]:
+    """``logits_fn`` answers each distinct packed decision of ``packed`` once; its rows are repeated for the copies.
+
+    Two packed decisions are the same when every field that the forward reads (tokens, positions, segments, parents,
+    read-out indices, questions) is equal, so a repeated row is the row its own forward would give (up to the float
+    order of a differently shaped batch).
+
+    Args:
+        logits_fn (`Callable`): ``list[PackedRequest] -> (M, A)`` logits, one row per request.
+        packed (`list[PackedRequest]`): the decisions to answer.
+
+    Returns:
+        `(torch.Tensor, int)`: the logits, one row per entry of ``packed``; the number of rows ``logits_fn`` answered.
+    """
+    index: dict[tuple, int] = {}
+    distinct, rows = [], []
+    for p in packed:
+        key = (
+            tuple(p.input_ids),
+            tuple(p.position_ids),
+            tuple(p.question_seg),
+            tuple(p.option_seg),
+            tuple(p.parent),
+            tuple(p.question_readout),
+            tuple(map(tuple, p.option_readout)),
+            p.questions,
+        )
+        if key not in index:
+            index[key] = len(distinct)
+            distinct.append(p)
+        rows.append(index[key])
+    logits = logits_fn(distinct)
+    if len(distinct) == len(packed):
+        return logits, len(distinct)
+    return logits[torch.tensor(rows, device=logits.device)], len(distinct)
 
 
 def _detail(err: Exception) -> str:
     return str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
 
 
-__all__ = ["FAILURE_CAUSES", "BranchFallbacks", "branch_values"]
+__all__ = ["FAILURE_CAUSES", "BranchFallbacks", "branch_values", "distinct_logits"]

@@ -10,8 +10,9 @@ Design decisions:
    trainer's ``sample_in_loss_forward``) or from a separate no-grad forward (``run_wave``: up to ``max_batch``
    decisions).
 2. Dense decisions: k actions from one set of act logits; their exact expected rewards give the group advantages
-   (:func:`~alea_trl.trainer.rollout.advantages.group_advantages`); with ``dense_update="all_actions"`` the row also
-   carries every legal action's advantage (:mod:`~alea_trl.trainer.loss.dense`). The episode advances by the best of
+   (:func:`~alea_trl.trainer.rollout.advantages.group_advantages`); with a ``dense_update`` other than ``"sampled"``
+   the row also carries every legal action's log-prob step (the default ``"all_actions_ascent"``, and ``"mirror"``)
+   or advantage (``"all_actions"``), see :mod:`~alea_trl.trainer.loss.dense`. The episode advances by the best of
    the k (``dense_advance="best_of_k"``: the episode visits the states a better policy would) or by the first sample
    (``"sample"``, on-policy).
 3. Outcome decisions (``outcome_advantage``): with ``"branch"`` each of the k sampled actions is valued in a deep copy
@@ -315,7 +316,7 @@ class Rollout:
         outcome = [i for i, d in enumerate(dense) if not d]
         if self.args.outcome_advantage != "branch" or not outcome or continuation_logits is None:
             return out
-        values, answered = branch_values(
+        values, answered, forwarded = branch_values(
             [wave.episodes[i] for i in outcome],
             [actions[i] for i in outcome],
             self.observer,
@@ -333,6 +334,7 @@ class Rollout:
             out[i] = v
         self.stats["branch/decisions"].append(float(sum(v is not None for v in values)))
         self.stats["branch/continuation_decisions"].append(float(answered))
+        self.stats["branch/continuation_forwards"].append(float(forwarded))
         for key, n in self.branch_fallbacks.pop_counts().items():
             self.stats[key].append(n)
         return out

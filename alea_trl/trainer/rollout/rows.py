@@ -41,10 +41,12 @@ class DecisionRow:
     # what each action's advantage was computed from: its expected reward (dense), its branch return, its
     # return-to-go or the episode's return (outcome); None until known (and in rows of older checkpoints)
     values: list[float] | None = None
-    # dense_update="all_actions": every legal action's advantage and behaviour log-prob (None otherwise)
+    # dense_update other than "sampled": per legal action its advantage ("all_actions") or its log-prob step (the
+    # step-target updates, the default "all_actions_ascent" among them), and its behaviour log-prob (None otherwise)
     action_advantages: list[float] | None = None
     old_logps_all: list[float] | None = None
-    # dense_update="all_actions": every legal action's expected reward, the value its advantage came from (logged)
+    # dense_update other than "sampled": every legal action's expected reward, the value its advantage or step came
+    # from (logged)
     action_values: list[float] | None = None
 
 
@@ -68,9 +70,10 @@ def rows_to_inputs(
         computed from, see `DecisionRow`) `(N, k)`; ``kl_report_mask`` `(N,)` (float); ``env_index``,
         ``outcome_rows`` (rows of outcome envs), ``sampled_at_step`` `(N,)`; ``ref_logps`` `(N, A)` (the reference's
         log-probs over each row's legal actions, zero-padded; zero for rows without them); ``all_actions_rows``
-        `(N,)` (rows whose act trains by every legal action, ``dense_update="all_actions"``) with their
-        ``action_advantages``, ``old_logps_all`` and ``action_values`` `(N, A)` (zero-padded; the values are logged,
-        not trained on); ``packed`` and ``targets`` (lists).
+        `(N,)` (rows whose act trains by every legal action: dense rows under a ``dense_update`` other than
+        ``"sampled"``) with their ``action_advantages`` (advantages, or log-prob steps under a step-target update),
+        ``old_logps_all`` and ``action_values`` `(N, A)` (zero-padded; the values are logged, not trained on);
+        ``packed`` and ``targets`` (lists).
     """
     n = len(rows)
     trains_action = [True] * n if trains_action is None else trains_action
