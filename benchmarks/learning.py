@@ -173,7 +173,7 @@ class CurveCallback(TrainerCallback):
         self.t0 = time.perf_counter()
         self.evaluate(0)
         if self.schedule is not None:
-            self.schedule.set_end(eval_s=self.points[0][2])
+            self.schedule.set_end(self.points[0][2], self.trainer_ref["trainer"].accelerator)
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
@@ -181,7 +181,8 @@ class CurveCallback(TrainerCallback):
             evaluate, stop = self.schedule.tick(self.trainer_ref["trainer"].accelerator)
             if evaluate or step == state.max_steps:
                 self.evaluate(step)
-            control.should_training_stop = stop
+            if stop:  # never clears a stop that another callback (or max_steps) asked for
+                control.should_training_stop = control.should_log = True
             return
         if step % self.every == 0 or step == state.max_steps:
             self.evaluate(step)
@@ -215,7 +216,7 @@ TRAINING_HPARAMS = [
     ("lr", float, 1.5e-3, "backbone (and extras) learning rate"),
     ("lr_head", float, 1.5e-3, "heads learning rate"),
     ("lr_aux", float, 0.0, "extras learning rate (0: --lr)"),
-    ("schedule", str, "cosine", "lr_scheduler_type after --warmup steps (--steps N; --steps 0: --decay_share)"),
+    ("schedule", str, None, "lr_scheduler_type after --warmup steps, --steps N only (default cosine)"),
     ("warmup", int, 24, "warm-up steps"),
     ("beta", float, 0.0, "KL weight"),
     ("temperature", float, 1.0, "sampling temperature of the act head"),
@@ -275,7 +276,9 @@ def cpu_run(seed: int, logging_steps: int) -> dict:
 def optimisation(args) -> dict:
     """The optimisation settings of a run (all weights train), from the hyper-parameters."""
     lrs = {"learning_rate": args.lr, "lr_head": args.lr_head, "lr_aux": args.lr_aux or args.lr}
-    schedule = {"lr_scheduler_type": args.schedule, "warmup_steps": args.warmup, "max_grad_norm": args.max_grad_norm}
+    # --steps 0: TimeScheduledTrainer sets its own scheduler (in seconds) in place of Trainer's
+    kind = args.schedule if args.steps else "constant"
+    schedule = {"lr_scheduler_type": kind, "warmup_steps": args.warmup, "max_grad_norm": args.max_grad_norm}
     steps = {"max_steps": args.steps, "per_device_train_batch_size": args.batch_size}
     return {"train_mode": "full", "report_w": args.report_w} | lrs | schedule | steps
 
@@ -340,7 +343,7 @@ def train_one(args, seed: int) -> tuple[list, dict, list, list]:
         max_batch_tokens=args.max_batch_tokens or None,  # length-grouped forwards: the same loss, less padding
         weight_decay=args.weight_decay,
         scale_rewards=args.scale_rewards,
-        **cpu_run(seed, args.logging_steps or args.steps),
+        **cpu_run(seed, args.logging_steps or args.steps or STEP_CAP),  # --steps 0: one log, where the run stops
     )
     ref: dict = {}
     callback = CurveCallback(
@@ -359,8 +362,8 @@ def train_one(args, seed: int) -> tuple[list, dict, list, list]:
     )
     ref["trainer"] = trainer
     trainer.train()
-    if schedule is not None:
-        args.fitted = schedule.summary() | {"steps": trainer.state.global_step}
+    if schedule is not None:  # each seed's schedule, in seed order
+        args.fitted = (args.fitted or []) + [schedule.summary() | {"seed": seed, "steps": trainer.state.global_step}]
     return callback.points, callback.baselines, callback.realised, callback.skill
 
 
@@ -373,13 +376,21 @@ def main() -> None:
         help="optimizer steps per run; 0: a schedule in seconds of --budget_s (a complete run that ends on time; "
         "1500 with --budget_s 0 is the long run of the figures before 2026-12-07)",
     )
-    parser.add_argument("--eval_every", type=int, default=250, help="evaluate every this many optimizer steps")
-    parser.add_argument("--evals", type=int, default=6, help="--steps 0: evaluations after the initial one")
+    parser.add_argument(
+        "--eval_every",
+        type=int,
+        default=None,
+        help="--steps N: evaluate every this many optimizer steps (default 250)",
+    )
+    parser.add_argument(
+        "--evals", type=int, default=None, help="--steps 0: evaluations after the initial one (default 6)"
+    )
     parser.add_argument(
         "--decay_share",
         type=float,
-        default=0.2,
-        help="--steps 0: the share of the budget's training time, at its end, over which the rate decays to 0",
+        default=None,
+        help="--steps 0: the share of the budget's training time, at its end, over which the rate decays to 0 "
+        "(default 0.2)",
     )
     parser.add_argument("--eval_episodes", type=int, default=100, help="evaluation episodes per dense env")
     parser.add_argument(
@@ -430,11 +441,16 @@ def main() -> None:
     args.fitted = None
     if args.steps == 0 and not args.budget_s:
         raise SystemExit("--steps 0 fits the schedule to --budget_s: give a budget, or --steps N")
-    if args.steps == 0 and args.schedule != "cosine":
-        raise SystemExit(
-            f"--schedule {args.schedule}: a step-based schedule needs --steps N; with --steps 0 the rate follows the "
-            "budget's seconds (--decay_share)"
-        )
+    by_steps, by_seconds = ("schedule", "eval_every"), ("evals", "decay_share")  # each mode's own options
+    own, other = (by_steps, by_seconds) if args.steps else (by_seconds, by_steps)
+    wrong = [name for name in other if getattr(args, name) is not None]
+    if wrong:
+        mode = "--steps N (a schedule in steps)" if args.steps else "--steps 0 (a schedule in the budget's seconds)"
+        raise SystemExit(f"--{wrong[0]} does not apply to {mode}, whose options are --{own[0]} and --{own[1]}")
+    defaults = {"schedule": "cosine", "eval_every": 250, "evals": 6, "decay_share": 0.2}
+    for name in own:
+        if getattr(args, name) is None:
+            setattr(args, name, defaults[name])
     runs, realised, skills = [], [], []
     for seed in seeds:
         if state.is_main_process:

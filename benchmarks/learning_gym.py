@@ -76,7 +76,7 @@ def main() -> None:
     )
     # train_one keeps the envs of --envs; every legal action's Q* trains the act (see the module docstring); the
     # report weight the figures were measured with (learning.py's 6.7 balances a mix with outcome envs, there are none)
-    parser.set_defaults(mix=",".join(f"{e}=1" for e in EPISODES), report_w=10.0)
+    parser.set_defaults(mix=",".join(f"{e}=1" for e in EPISODES), report_w=10.0, schedule="cosine")
     args = parser.parse_args()
     args.hparam_names = [name for name, *_ in learning.TRAINING_HPARAMS + learning.MODEL_HPARAMS]
     if args.quick:

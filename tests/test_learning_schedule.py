@@ -29,7 +29,7 @@ class OneProcess:
 
 
 class SkewedProcesses:
-    """Two processes whose clocks differ by ``skew`` seconds: the mean is what both read."""
+    """A process whose own figures (clock, evaluation time) are ``skew`` below its mate's: both read the mean."""
 
     def __init__(self, skew):
         self.skew = skew
@@ -64,7 +64,7 @@ def run(schedule, clock, step_s, accelerator=None):
 def test_the_rate_warms_up_holds_then_decays_to_zero_at_the_end_of_the_budget(clock):
     schedule = TimeSchedule(budget_s=840, warmup=10, decay_share=0.2, evals=6, margin_s=10)
     clock.now = 15.0  # the initial evaluation
-    schedule.set_end(eval_s=15.0)
+    schedule.set_end(15.0, OneProcess())
     assert schedule.end == 840 - 15 - 10
     factors, evaluations, last = run(schedule, clock, lambda step: 1.0)
     assert factors[:10] == pytest.approx([s / 10 for s in range(1, 11)])
@@ -81,7 +81,7 @@ def test_the_rate_warms_up_holds_then_decays_to_zero_at_the_end_of_the_budget(cl
 def test_steps_that_speed_up_still_end_on_time(clock):
     """Steps that get 3x faster over the run: a step count fitted from the first steps would end far too early."""
     schedule = TimeSchedule(budget_s=600, warmup=5, decay_share=0.25, evals=4)
-    schedule.set_end(eval_s=0.0)
+    schedule.set_end(0.0, OneProcess())
     factors, evaluations, last = run(schedule, clock, lambda step: max(0.5, 1.5 - step / 400))
     assert clock.now == pytest.approx(schedule.end, abs=1.5)
     assert len(evaluations) == 4 and last > schedule.end / 1.5
@@ -90,9 +90,10 @@ def test_steps_that_speed_up_still_end_on_time(clock):
 
 def test_processes_whose_clocks_differ_read_the_same_factor(clock):
     """Under DDP every process must apply the same rate: the factor is read off the reduced (mean) clock."""
-    a, b = (TimeSchedule(budget_s=100, warmup=0, decay_share=0.5, evals=2) for _ in range(2))
-    for s in (a, b):
-        s.set_end(eval_s=0.0)
+    a, b = (TimeSchedule(budget_s=100, warmup=0, decay_share=0.5, evals=2, margin_s=0) for _ in range(2))
+    a.set_end(9.0, SkewedProcesses(skew=+2.0))  # each timed its own initial evaluation: 9 s here, 11 s there
+    b.set_end(11.0, SkewedProcesses(skew=-2.0))
+    assert a.end == b.end == 90.0
     clock.now = 70.0
     a.tick(SkewedProcesses(skew=+4.0))  # this process's clock is 4 s behind its mate's
     clock.now = 74.0
@@ -104,6 +105,6 @@ def test_a_budget_that_one_evaluation_fills_is_refused(clock):
     schedule = TimeSchedule(budget_s=30, warmup=1, decay_share=0.2, evals=6)
     clock.now = 15.0
     with pytest.raises(SystemExit, match="budget_s 30"):
-        schedule.set_end(eval_s=15.0)
+        schedule.set_end(15.0, OneProcess())
     with pytest.raises(ValueError, match="decay_share"):
         TimeSchedule(budget_s=30, warmup=1, decay_share=1.5, evals=6)

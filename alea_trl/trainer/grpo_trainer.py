@@ -70,6 +70,7 @@ from .outputs import (
     save_evaluation,
     save_lora_extras,
     saved_before_push,
+    saved_dense_update,
     staleness_sums,
     stop_if_not_finite,
     token_sums,
@@ -438,8 +439,24 @@ class AleaEnvGRPOTrainer(GRPOTrainer):
         super()._load_rng_state(checkpoint)
         state = load_rollout_state(checkpoint, self.accelerator.process_index) if checkpoint is not None else None
         if state is not None:
+            self._check_buffered_update(state, checkpoint)
             self.rollout.load_state_dict(state)
             self._buffered_inputs, self._step = state.get("buffered_inputs"), state.get("micro_step", 0)
+
+    def _check_buffered_update(self, state: dict, checkpoint: str) -> None:
+        """A checkpoint saved mid-buffer (``num_iterations > 1``) resumes by training its buffered rows again; their
+        dense rows hold advantages or log-prob steps according to the ``dense_update`` they were made under, so a
+        resume under another update is refused rather than fitting one as the other."""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if state.get("buffered_inputs") is None or state.get("micro_step", 0) % generate_every == 0:
+            return  # the next step generates new rows: any dense_update may take over
+        made_under = state.get("dense_update") or saved_dense_update(checkpoint)
+        if made_under != self.args.dense_update:
+            raise ValueError(
+                f"AleaEnvGRPOTrainer: field 'dense_update': {checkpoint} was saved part way through a buffer of rows "
+                f"made under dense_update={made_under!r}, and this run sets {self.args.dense_update!r}; resume with "
+                f"dense_update={made_under!r} (or from a checkpoint at the end of a buffer)"
+            )
 
     # -------------------------------------------------------------------------------------------------- evaluation
     def evaluate(

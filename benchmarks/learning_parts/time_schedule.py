@@ -42,13 +42,16 @@ class TimeSchedule:
         self.end: float | None = None  # seconds at which training ends, set once the first evaluation is timed
         self.evaluated = 0  # evaluations after the initial one so far
 
-    def set_end(self, eval_s: float) -> None:
-        """Fix the end of the training time, once the initial evaluation took ``eval_s`` seconds."""
+    def set_end(self, eval_s: float, accelerator) -> None:
+        """Fix the end of the training time, once the initial evaluation took ``eval_s`` seconds on this process:
+        every process gets the same end (from the mean of their evaluation times and clocks)."""
+        here = torch.tensor([eval_s, self.elapsed_now()], dtype=torch.float64)
+        eval_s, elapsed = accelerator.reduce(here, reduction="mean").tolist()
         self.end = self.budget_s - eval_s - self.margin_s
-        if self.end <= self.elapsed_now():
+        if self.end <= elapsed:
             raise SystemExit(
-                f"--budget_s {self.budget_s:.0f}: an evaluation takes {eval_s:.0f} s and "
-                f"{self.elapsed_now():.0f} s are spent already; give a larger budget"
+                f"--budget_s {self.budget_s:.0f}: an evaluation takes {eval_s:.0f} s and {elapsed:.0f} s are spent "
+                "already; give a larger budget"
             )
 
     def elapsed_now(self) -> float:

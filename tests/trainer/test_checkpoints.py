@@ -94,3 +94,27 @@ def test_resume_from_checkpoint_continues_the_same_run(tiny_model, tokenizer, ma
         torch.testing.assert_close(p, q, atol=0, rtol=0, msg=name)
     losses = [h["loss"] for h in straight.state.log_history if "loss" in h]
     assert losses == [h["loss"] for h in resumed.state.log_history if "loss" in h]
+
+
+def test_a_checkpoint_saved_mid_buffer_resumes_only_under_the_dense_update_of_its_rows(
+    tiny_model, tokenizer, make_args, tmp_path
+):
+    """With ``num_iterations=2`` checkpoint-1 is saved part way through a buffer of rows that the next step trains
+    again. Made under ``"all_actions"`` their dense rows hold advantages; the step-target default would fit them as
+    log-prob steps, so that resume is refused (naming the field and the update to resume with), while a resume
+    under the rows' own update goes on."""
+
+    def run(dense_update, resume=None):
+        args = make_args(
+            output_dir=str(tmp_path), envs=["kelly"], max_steps=2, num_iterations=2, save_strategy="steps",
+            save_steps=1, dense_update=dense_update, beta=0.0,
+        )  # fmt: skip
+        trainer = AleaEnvGRPOTrainer(tiny_model(), args=args, processing_class=tokenizer)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    run("all_actions")
+    checkpoint = str(tmp_path / "checkpoint-1")
+    with pytest.raises(ValueError, match="field 'dense_update'.*made under dense_update='all_actions'"):
+        run("all_actions_ascent", resume=checkpoint)
+    assert run("all_actions", resume=checkpoint).state.global_step == 2

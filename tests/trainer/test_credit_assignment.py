@@ -290,6 +290,31 @@ def test_continuations_pack_only_the_act_and_answer_it_as_the_full_decision_does
     torch.testing.assert_close(act_logits([act_only]), act_logits([full]), rtol=1e-5, atol=1e-5)
 
 
+def test_shared_continuation_rows_equal_the_real_models_rows_for_every_copy(tokenizer, make_args, tiny_model):
+    """A real model answers a round of nim continuations with repeats (three positions, each several times, in mixed
+    order) once per distinct decision: every row equals the row the model gives that decision in a forward of all of
+    them, to float tolerance (the batch shapes differ)."""
+    from alea_trl.trainer.rollout.branching import distinct_logits
+
+    model = tiny_model().eval()
+    rollout = _rollout(tokenizer, make_args, NimEnv, outcome_advantage="branch")
+
+    def act_logits(packed):
+        batch = collate_segments(packed, tokenizer.pad_token_id).to("cpu")
+        with torch.no_grad():
+            return act_rows(model(**batch.model_inputs()).choice_logits, batch)
+
+    positions = []
+    for piles in ([1, 2, 3], [3, 3, 1], [2, 0, 1]):
+        env = NimEnv(n_piles=3, max_stones=3).reset(np.random.default_rng(0))
+        env.piles, env._decision = piles, None
+        positions.append(rollout.observer.prepare(env, "nim", act_only=True)[1][0])
+    packed = [positions[i] for i in (0, 1, 0, 2, 1, 0, 2, 2, 1, 0)]
+    shared, n_answered = distinct_logits(act_logits, packed)
+    assert n_answered == 3 and shared.shape[0] == len(packed)
+    torch.testing.assert_close(shared, act_logits(packed), rtol=1e-5, atol=1e-5)
+
+
 def test_an_env_that_cannot_be_copied_falls_back_to_reward_to_go_with_one_warning(tokenizer, make_args):
     rollout = _rollout(tokenizer, make_args, Uncopyable, outcome_advantage="branch")
     continuation = _uniform

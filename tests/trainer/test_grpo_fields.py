@@ -74,6 +74,7 @@ def _inputs(actions, mask, advantages, old_logps, outcome=None):
 
 def _loss(output, batch, inputs, temperature=1.0, entropy_coef=None, collectives=None, objective=None, **kwargs):
     kw = dict(temperature=temperature, epsilon_low=0.2, epsilon_high=0.2, beta=0.0, report_w=1.0, taus=(0.5,))
+    kw["dense_update"] = "sampled"  # these inputs hold sampled actions only
     settings = ObjectiveSettings(**kw, **kwargs, policy=objective or PolicyObjective())
     return grpo_loss(output, batch, inputs, settings, entropy_coef=entropy_coef, collectives=collectives)
 

@@ -139,11 +139,12 @@ class ObjectiveSettings:
         taus (`tuple[float, ...]`): the regress head's quantile levels.
         delta (`float`, *optional*), outcome_weight (`float`): see :func:`~alea_trl.trainer.loss.policy.policy_loss`
             (the rows of outcome envs are ``inputs["outcome_rows"]``).
-        dense_update (`str`, defaults to `"all_actions"`): how the rows of ``inputs["all_actions_rows"]`` train:
+        dense_update (`str`): how the rows of ``inputs["all_actions_rows"]`` train:
             ``"all_actions"`` (:func:`~alea_trl.trainer.loss.dense.all_actions_loss`), ``"mirror"`` or
             ``"all_actions_ascent"`` (:func:`~alea_trl.trainer.loss.dense.step_target_loss`, whose steps hold the
             reference term: those rows take no separate ``beta`` x KL and no ratio clip). It must be the update the
-            rows were made under; :meth:`from_args` passes the config's, whose default is ``"all_actions_ascent"``.
+            rows were made under (their ``action_advantages`` are advantages or steps), so it has no default;
+            :meth:`from_args` passes the config's.
         policy (`PolicyObjective`): ``loss_type`` and its settings, the off-policy mask threshold and
             ``top_entropy_quantile``.
     """
@@ -154,9 +155,9 @@ class ObjectiveSettings:
     beta: float
     report_w: float
     taus: tuple[float, ...]
+    dense_update: str
     delta: float | None = None
     outcome_weight: float = 1.0
-    dense_update: str = "all_actions"
     policy: PolicyObjective = field(default_factory=PolicyObjective)
 
     @classmethod

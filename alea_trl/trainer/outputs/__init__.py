@@ -8,6 +8,7 @@ from .checkpointing import (
     complete_checkpoint,
     last_complete_checkpoint,
     load_rollout_state,
+    saved_dense_update,
 )
 from .evaluation import check_metric_for_best_model, play_greedy_episodes
 from .hub import (
@@ -51,6 +52,7 @@ __all__ = [
     "rollout_sums",
     "save_evaluation",
     "save_lora_extras",
+    "saved_dense_update",
     "saved_before_push",
     "staleness_sums",
     "stop_if_not_finite",

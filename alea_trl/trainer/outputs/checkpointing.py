@@ -18,6 +18,8 @@ import json
 import os
 import pickle
 
+import torch
+from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 
@@ -52,6 +54,7 @@ def commit_checkpoint(trainer, output_dir: str, run_dir: str, save_total_limit: 
     older checkpoints out to ``save_total_limit``."""
     os.makedirs(output_dir, exist_ok=True)
     state = {**trainer.rollout.state_dict(), "buffered_inputs": trainer._buffered_inputs, "micro_step": trainer._step}
+    state["dense_update"] = trainer.args.dense_update  # what the buffered dense rows hold (advantages or steps)
     _atomic_pickle(state, pool_state_path(output_dir, trainer.accelerator.process_index))
     trainer.accelerator.wait_for_everyone()
     if trainer.args.should_save:
@@ -98,6 +101,16 @@ def load_rollout_state(checkpoint: str, rank: int) -> dict | None:
         return _RolloutUnpickler(f).load()
 
 
+def saved_dense_update(checkpoint: str) -> str:
+    """The ``dense_update`` of the run that saved ``checkpoint``, for checkpoints whose rollout state does not record
+    it: from the ``training_args.bin`` Trainer saves beside it (``"all_actions"``, the default of the time, when the
+    saved config predates the field or the file is missing)."""
+    path = os.path.join(checkpoint, TRAINING_ARGS_NAME)
+    if not os.path.exists(path):
+        return "all_actions"
+    return getattr(torch.load(path, weights_only=False), "dense_update", "all_actions")
+
+
 def last_complete_checkpoint(output_dir: str) -> str | None:
     """The newest ``checkpoint-N`` folder of ``output_dir`` whose commit marker exists (``None`` if there is none)."""
     if not os.path.isdir(output_dir):
@@ -139,4 +152,5 @@ __all__ = [
     "complete_checkpoint",
     "last_complete_checkpoint",
     "load_rollout_state",
+    "saved_dense_update",
 ]
