@@ -71,11 +71,12 @@ class TimeSchedule:
         """At the end of a step: read the shared clock; return whether to evaluate now and whether to stop."""
         here = torch.tensor([self.elapsed_now()], dtype=torch.float64)
         self.elapsed = float(accelerator.reduce(here, reduction="mean"))
-        stop = self.end is not None and self.elapsed >= self.end
-        due = self.end is not None and self.elapsed >= (self.evaluated + 1) * self.end / self.evals
-        if stop or due:
-            self.evaluated = min(self.evals, int(self.elapsed * self.evals / self.end)) if not stop else self.evals
-        return stop or due, stop
+        if self.end is None:
+            return False, False
+        stop = self.elapsed >= self.end
+        reached = self.evals if stop else int(self.elapsed * self.evals / self.end)  # evaluation times passed
+        due, self.evaluated = reached > self.evaluated, max(self.evaluated, reached)
+        return due or stop, stop
 
     def summary(self) -> dict:
         """What the JSON records of the schedule."""
