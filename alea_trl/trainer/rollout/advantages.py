@@ -186,11 +186,17 @@ def mirror_step(p: torch.Tensor, advantage: torch.Tensor, legal: torch.Tensor) -
 ASCENT_MIN_COSINE = 0.1
 """``all_actions_ascent``: the least cosine between a step and the gradient of the regularised objective."""
 
+ASCENT_MAX_STEP = math.sqrt(2.0)
+"""``all_actions_ascent``: the longest step, in units of the decision's largest advantage ``max |A|``. ``sqrt(2)`` is
+the length of the centred step ``(a, -a)`` of a two-action decision: the all-actions step of a two-action decision is
+at most that long whatever its probabilities, so such a decision keeps it whole (it is along the gradient, so no lift
+either), and a decision with more actions is held to the same length."""
+
 
 def ascent_step(p: torch.Tensor, advantage: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
     """``dense_update="all_actions_ascent"``: the all-actions logit step, lifted to a cosine of at least
-    :data:`ASCENT_MIN_COSINE` with the objective's gradient ``p A``, centred and capped at the largest advantage (the
-    arguments as :func:`mirror_step`'s)."""
+    :data:`ASCENT_MIN_COSINE` with the objective's gradient ``p A``, centred and capped at :data:`ASCENT_MAX_STEP`
+    times the largest advantage (the arguments as :func:`mirror_step`'s)."""
     # the all-actions step on the logits: w = A for a better action, A p for a worse one, minus p sum(w)
     w = torch.where(advantage > 0, advantage, advantage * p).masked_fill(~legal, 0.0)
     step = (w - p * w.sum(-1, keepdim=True)).masked_fill(~legal, 0.0)
@@ -204,9 +210,10 @@ def ascent_step(p: torch.Tensor, advantage: torch.Tensor, legal: torch.Tensor) -
     wanted = ASCENT_MIN_COSINE / math.sqrt(1.0 - ASCENT_MIN_COSINE**2) * across  # the component along it
     lift = ((wanted - along) / length.clamp(min=1e-30)).clamp(min=0.0).masked_fill(length <= 1e-15, 0.0)
     step = _centred(step + lift * gradient, legal)
-    # size: at most the largest advantage, whatever the number of actions
+    # size: at most ASCENT_MAX_STEP x the largest advantage, whatever the number of actions
+    cap = ASCENT_MAX_STEP * advantage.abs().amax(-1, keepdim=True)
     norm = step.square().sum(-1, keepdim=True).sqrt()
-    return step * (advantage.abs().amax(-1, keepdim=True) / norm.clamp(min=1e-30)).clamp(max=1.0)
+    return step * (cap / norm.clamp(min=1e-30)).clamp(max=1.0)
 
 
 STEP_RULES = {"mirror": mirror_step, "all_actions_ascent": ascent_step}
@@ -214,6 +221,7 @@ STEP_RULES = {"mirror": mirror_step, "all_actions_ascent": ascent_step}
 
 
 __all__ = [
+    "ASCENT_MAX_STEP",
     "ASCENT_MIN_COSINE",
     "STEP_RULES",
     "all_action_advantages",
