@@ -99,8 +99,9 @@ class AleaEnvGRPOConfig(GRPOConfig):
             objective over the legal actions `J = E[Q] / scale - beta KL(pi || pi_ref)`: the all-actions step below on
             the regularised advantages (the KL folded in, so these decisions take no separate KL term), lifted to a
             cosine of at least 0.1 with the gradient of `J` where it is below (every step ascends `J`), its size capped
-            at the largest advantage whatever the number of legal actions, and fitted by a regression loss bounded by
-            `max A^2 / 2` (no ratio clip: with `num_iterations > 1` later passes approach the same target and stop
+            at `sqrt(2)` times the largest advantage whatever the number of legal actions (a two-action decision's
+            all-actions step is never longer, so it is kept whole), and fitted by a regression loss bounded by
+            `max A^2` (no ratio clip: with `num_iterations > 1` later passes approach the same target and stop
             there). Its fixed point is `pi*(a) ~ pi_ref(a) exp(Q(a) / (scale beta))` (greedy at `beta = 0`),
             and an improbable action better than the policy's average keeps a step of about its advantage.
             `"all_actions"`: every legal action with its exact advantage `(Q(a) - V) / scale`; an action better than

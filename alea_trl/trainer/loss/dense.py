@@ -72,11 +72,13 @@ reports: ``J(pi) = sum_a pi(a) Q(a) / s - beta KL(pi || pi_ref)`` (``s`` the rew
    action (a better action's ``w = A > 0`` cannot be balanced by the shift unless every ``A`` is 0), i.e. at
    ``pi*(a) ~ pi_ref(a) exp(Q(a) / (s beta))`` (greedy at ``beta = 0``); all-actions with a separate KL term settled
    greedier than ``pi*``.
-12. Size: the centred step is scaled down to at most the largest advantage ``max |A|``. Up to that cap it grows with
-   the number of actions as all-actions does, then stops (all-actions keeps growing; the figures are in
-   ``tests/trainer/test_mirror_update.py``'s size test). An improbable better action keeps a step of about ``A``, as under
-   all-actions, so it does not stall; a ruled-out action's push fades with its probability, and the loss is bounded
-   by ``max A^2 / 2``.
+12. Size: the centred step is scaled down to at most ``ASCENT_MAX_STEP`` (``sqrt(2)``) times the largest advantage
+   ``max |A|``, the length of a two-action step ``(a, -a)`` with ``|a| = max |A|``. A two-action decision's
+   all-actions step is never longer than that (nor lifted: it is along the gradient), so it is kept whole; a wider
+   decision's step grows with the number of actions as all-actions' does up to the cap, then stops (all-actions keeps
+   growing; the figures are in ``tests/trainer/test_mirror_update.py``'s size test). An improbable better action
+   keeps a step of about ``A``, as under all-actions, so it does not stall; a ruled-out action's push fades with its
+   probability, and the loss is bounded by ``max A^2`` (mirror's, whose cap is ``max |A|``, by ``max A^2 / 2``).
 """
 
 from __future__ import annotations
