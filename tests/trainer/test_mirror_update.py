@@ -145,9 +145,9 @@ def test_step_size_does_not_grow_with_the_number_of_actions(rule):
 
 
 def test_a_two_action_decision_keeps_the_all_actions_step_whole():
-    """Over 2,000 random two-action decisions (probabilities from 1e-6 to 1 - 1e-6, rewards scaled by their std):
-    all_actions_ascent's step equals the all-actions logit step ``w - p sum w`` (``w = A`` above the policy's average,
-    ``A p`` below), centred. Neither the ascent lift nor the size cap touches a two-action decision, so an env of
+    """Over 2,000 random two-action decisions (logits 6 x a standard normal, so probabilities from near 0 to near 1;
+    rewards scaled by their std): all_actions_ascent's step equals the all-actions logit step ``w - p sum w`` (``w =
+    A`` above the policy's average, ``A p`` below), centred. Neither the ascent lift nor the size cap touches a two-action decision, so an env of
     two-way choices (hmm) trains at the all-actions update's pace; a cap of ``max |A|`` cut it by up to 1/sqrt(2)."""
     torch.manual_seed(3)
     n = 2000
