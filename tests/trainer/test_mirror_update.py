@@ -147,8 +147,9 @@ def test_step_size_does_not_grow_with_the_number_of_actions(rule):
 def test_a_two_action_decision_keeps_the_all_actions_step_whole():
     """Over 2,000 random two-action decisions (logits 6 x a standard normal, so probabilities from near 0 to near 1;
     rewards scaled by their std): all_actions_ascent's step equals the all-actions logit step ``w - p sum w`` (``w =
-    A`` above the policy's average, ``A p`` below), centred. Neither the ascent lift nor the size cap touches a two-action decision, so an env of
-    two-way choices (hmm) trains at the all-actions update's pace; a cap of ``max |A|`` cut it by up to 1/sqrt(2)."""
+    A`` above the policy's average, ``A p`` below), centred. Neither the ascent lift nor the size cap touches a
+    two-action decision, so an env of two-way choices (hmm) trains at the all-actions update's pace (a cap of
+    ``max |A|`` would shorten such a step to as little as 1/sqrt(2) of its length)."""
     torch.manual_seed(3)
     n = 2000
     z = torch.randn(n, 2, dtype=torch.float64) * 6.0
@@ -162,7 +163,7 @@ def test_a_two_action_decision_keeps_the_all_actions_step_whole():
     all_actions = all_actions - all_actions.mean(-1, keepdim=True)
     step = step_targets("all_actions_ascent", p, adv, legal)
     assert torch.allclose(step.double(), all_actions, atol=1e-6), (step.double() - all_actions).abs().max()
-    # the cap is reached: some of these steps are longer than max |A| (the former cap would have cut them)
+    # some of these steps are longer than max |A|, so a cap of max |A| would shorten them
     longer = all_actions.norm(dim=-1) > adv.abs().amax(-1) * 1.05
     assert longer.sum() > n // 10, longer.sum()
 

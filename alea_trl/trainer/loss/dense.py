@@ -5,7 +5,7 @@ Their advantages and steps are computed when the decision is made
 
 The default is ``dense_update="all_actions_ascent"`` (9-12): every legal action trains toward the all-actions step (2)
 on the regularised advantages (5), repaired into an ascent step of GRPO's objective ``J`` and fitted by the bounded
-regression loss of ``"mirror"`` (7-8).
+regression loss of ``"mirror"`` (7-8; its bound under the default's cap: 12).
 
 ``dense_update="all_actions"`` (opt-in; the step the default repairs): every legal action's exact expected reward
 trains the act head, and an action better than the policy's average gets a step that does not shrink with its
