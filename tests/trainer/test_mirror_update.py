@@ -13,7 +13,7 @@ import torch
 
 from alea_trl import AleaEnvGRPOTrainer
 from alea_trl.trainer import grpo_trainer
-from alea_trl.trainer.loss.dense import STEP_TARGET_UPDATES, step_target_loss
+from alea_trl.trainer.loss.dense import STEP_TARGET_UPDATES, all_actions_loss, step_target_loss
 from alea_trl.trainer.outputs.model_card import _update_sentence
 from alea_trl.trainer.rollout.advantages import (
     ASCENT_MAX_STEP,
@@ -146,21 +146,21 @@ def test_step_size_does_not_grow_with_the_number_of_actions(rule):
 
 def test_a_two_action_decision_keeps_the_all_actions_step_whole():
     """Over 2,000 random two-action decisions (logits 6 x a standard normal, so probabilities from near 0 to near 1;
-    rewards scaled by their std): all_actions_ascent's step equals the all-actions logit step ``w - p sum w`` (``w =
-    A`` above the policy's average, ``A p`` below), centred. Neither the ascent lift nor the size cap touches a
-    two-action decision, so an env of two-way choices (hmm) trains at the all-actions update's pace (a cap of
-    ``max |A|`` would shorten such a step to as little as 1/sqrt(2) of its length)."""
+    rewards scaled by their std): all_actions_ascent's step equals the logit step of ``dense_update="all_actions"``
+    (minus the gradient of its loss, times the rows). Neither the ascent lift nor the size cap touches a two-action
+    decision, so an env of two-way choices (hmm) trains at the all-actions update's pace (a cap of ``max |A|`` would
+    shorten such a step to as little as 1/sqrt(2) of its length)."""
     torch.manual_seed(3)
     n = 2000
-    z = torch.randn(n, 2, dtype=torch.float64) * 6.0
+    z = (torch.randn(n, 2, dtype=torch.float64) * 6.0).requires_grad_()
     q = torch.rand(n, 2, dtype=torch.float64)
     legal = torch.ones(n, 2, dtype=torch.bool)
     scale = q.std(-1, keepdim=True) + 1e-4
-    old_logp = torch.log_softmax(z, -1)
-    p, adv = regularised_advantages(q, legal, old_logp, scale)
-    w = torch.where(adv > 0, adv, adv * p)
-    all_actions = w - p * w.sum(-1, keepdim=True)
-    all_actions = all_actions - all_actions.mean(-1, keepdim=True)
+    logp = torch.log_softmax(z, -1)
+    p, adv = regularised_advantages(q, legal, logp.detach(), scale)
+    loss, _, _ = all_actions_loss(logp, logp.detach(), adv, legal, torch.ones(n, dtype=torch.bool), 0.2, 0.2)
+    loss.backward()
+    all_actions = -z.grad * n
     step = step_targets("all_actions_ascent", p, adv, legal)
     assert torch.allclose(step.double(), all_actions, atol=1e-6), (step.double() - all_actions).abs().max()
     # some of these steps are longer than max |A|, so a cap of max |A| would shorten them
