@@ -197,6 +197,35 @@ def test_texts_state_the_oracles_numbers():
         make_env("gym-frozenlake-4x4", success_rate=0.123456789).reset(np.random.default_rng(0)).observe()
 
 
+def test_taxis_short_rendering_tells_every_state_apart_without_the_map():
+    """render="short" (by name, as a YAML config passes it): each of Taxi's 500 states gets its own text, which names
+    the taxi's cell, the passenger and the destination that Gymnasium's decode gives, and leaves the map out; the
+    oracle, the actions and the episode are those of the default rendering."""
+    short, full = make_env("gym-taxi", render="short"), make_env("gym-taxi")
+    taxi, stands = short.unwrapped, "RGYB"
+    texts = set()
+    for obs in range(taxi.observation_space.n):
+        text = short.render(obs, short)
+        row, col, passenger, dest = taxi.decode(obs)
+        assert text.endswith(f"The taxi is at row {row + 1}, column {col + 1}.")
+        where = "is in the taxi" if passenger == 4 else f"waits at {stands[passenger]}"
+        assert f"The passenger {where}" in text and f"the destination is {stands[dest]}" in text
+        assert "|" not in text and len(text) < len(full.render(obs, full)) / 2
+        texts.add(text)
+    assert len(texts) == taxi.observation_space.n
+    rng_short, rng_full = np.random.default_rng(3), np.random.default_rng(3)
+    short.reset(rng_short), full.reset(rng_full)
+    assert short.observe().state.startswith("200 steps left") and short.obs == full.obs
+    assert short.action_rewards() == full.action_rewards() and short.observe().act == full.observe().act
+    assert pickle.loads(pickle.dumps(short)).observe().state == short.observe().state  # checkpoints pickle envs
+    rainy = make_env("gym-taxi", render="short", is_rainy=True).reset(np.random.default_rng(0))
+    assert "with probability 0.8 and in each of the two perpendicular directions" in rainy.observe().state
+    with pytest.raises(ValueError, match=r"'gym-taxi': field 'render': 'mapless'.*'default', 'short'"):
+        make_env("gym-taxi", render="mapless")
+    with pytest.raises(ValueError, match=r"'gym-blackjack': field 'render': 'short'.*built in: 'default'"):
+        make_env("gym-blackjack", render="short")
+
+
 # ----------------------------------------------------------------------------------------- user envs, outcome mode
 def test_env_without_a_model_runs_in_outcome_mode():
     env = GymnasiumEnv("CartPole-v1", render=lambda obs, env: f"Pole angle {obs[2]:+.3f} rad.")

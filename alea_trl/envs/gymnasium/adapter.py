@@ -14,8 +14,8 @@ Design decisions:
 3. The horizon is the env's time limit (``TimeLimit``) unless given; the oracle depends on the steps left, so the state
    text states them (and the discount when it is not 1). A horizon above the env's own time limit is refused. The
    discount is the oracle's: outcome mode (no oracle) refuses one below 1 rather than print it and sum undiscounted.
-4. The state text comes from ``render(obs, env)``: a user function, or the built-in rendering of the Gymnasium class
-   (``renderings.TOY_TEXT``); action names from ``action_names``, the built-in table, or ``action 0``, ``action 1``.
+4. The state text comes from ``render(obs, env)``: a user function, or a built-in rendering of the Gymnasium class
+   (``renderings.TOY_TEXT``; by name, so a YAML config can pick one); action names from ``action_names``, the built-in table, or ``action 0``, ``action 1``.
 5. Solved models are cached per Gymnasium id and settings, so the many copies of an env in an episode pool solve once.
 """
 
@@ -85,8 +85,9 @@ class GymnasiumEnv(AleaEnv):
         env (`str`, `gymnasium.Env` or `Callable`): a Gymnasium id (made with ``gym_kwargs``), an env, or a
             zero-argument factory of one.
         name (`str`, *optional*): the env's name (default ``gym-<id>``).
-        render (`Callable`, *optional*): ``render(obs, env) -> str``; default: the built-in rendering of the
-            Gymnasium class, else ``"Observation: <obs>."``.
+        render (`Callable` or `str`, *optional*): ``render(obs, env) -> str``, or the name of a built-in rendering
+            of the Gymnasium class (``"default"``; Taxi also ``"short"``: no map, about a quarter of the tokens);
+            default: the built-in rendering of the Gymnasium class, else ``"Observation: <obs>."``.
         action_names (`Sequence[str]`, *optional*): one distinct name per action.
         model (`bool` or `TabularModel`, defaults to `True`): use the env's model (``unwrapped.P``, or Blackjack's)
             when it has one; `False` runs outcome mode; a `TabularModel` supplies one (its states are
@@ -110,7 +111,7 @@ class GymnasiumEnv(AleaEnv):
         self,
         env: str | gymnasium.Env | Callable,
         name: str | None = None,
-        render: Callable | None = None,
+        render: Callable | str | None = None,
         action_names: Sequence[str] | None = None,
         model: bool | TabularModel = True,
         state: Callable | None = None,
@@ -153,6 +154,16 @@ class GymnasiumEnv(AleaEnv):
         if len(names) != self.n_actions:
             raise ValueError(f"env {self.name!r}: field 'action_names': need {self.n_actions} names, got {len(names)}")
         self.action_names = names
+        if isinstance(render, str):  # a built-in rendering by name (YAML and --env_kwargs cannot pass a function)
+            named = spec.rendering(render) if spec else None
+            if named is None:
+                known = spec.rendering_names() if spec else []
+                raise ValueError(
+                    f"env {self.name!r}: field 'render': {render!r} is not a built-in rendering of "
+                    f"{type(self.unwrapped).__name__} (built in: {', '.join(map(repr, known)) or 'none'}); pass a "
+                    "function render(obs, env) -> str"
+                )
+            render = named
         self.render = render or (spec.render if spec else _default_text)
         self.state_of = state or (spec.state if spec and spec.state else None)
         self.discount = exact_decimal(self.name, "discount", discount, 4)

@@ -110,6 +110,22 @@ def taxi_text(obs: int, env) -> str:
     )
 
 
+def taxi_short_text(obs: int, env) -> str:
+    """Taxi without the map: where the passenger, the destination and the taxi are, in about a quarter of
+    :func:`taxi_text`'s tokens. The walls and the rewards are Gymnasium's Taxi's and are not restated: the model learns
+    them from the rewards, as an agent that sees Gymnasium's integer observation does. Rain, when on, is stated (it
+    changes where a move goes)."""
+    taxi = env.unwrapped
+    row, col, passenger, dest = taxi.decode(int(obs))
+    where = "is in the taxi" if passenger == 4 else f"waits at {_STANDS[passenger]} ({_cell(*taxi.locs[passenger])})"
+    intended = _intended(taxi.P[0][0], 0)
+    rain = "" if intended == 1.0 else " " + _slip_text(intended, env, "rainy_probability", "The taxi drives")
+    return (
+        f"Taxi on Gymnasium's 5 by 5 map.{rain} The passenger {where}; the destination is {_STANDS[dest]} "
+        f"({_cell(*taxi.locs[dest])}). The taxi is at {_cell(row, col)}."
+    )
+
+
 def taxi_goal(taxi) -> Callable[[int, float, bool], bool]:
     """Delivering the passenger (the only ending)."""
     return lambda s2, r, term: term
@@ -188,8 +204,8 @@ def table_model(unwrapped, goal) -> TabularModel:
 @dataclass(frozen=True)
 class ToyTextSpec:
     """How the adapter presents one Gymnasium class: ``render(obs, env)``, the action names, ``goal(unwrapped)`` (a
-    predicate on model outcomes), the goal question, ``model(unwrapped, goal)`` (default: the env's transition table)
-    and ``state(obs, env)``."""
+    predicate on model outcomes), the goal question, ``model(unwrapped, goal)`` (default: the env's transition table),
+    ``state(obs, env)`` and ``renderings``, other built-in renderings by name (the adapter's ``render="short"``)."""
 
     render: Callable
     actions: tuple[str, ...]
@@ -197,6 +213,15 @@ class ToyTextSpec:
     goal_question: str
     model: Callable | None = None
     state: Callable | None = None
+    renderings: tuple[tuple[str, Callable], ...] = ()
+
+    def rendering(self, name: str) -> Callable | None:
+        """The built-in rendering called ``name`` (``"default"``: :attr:`render`), or ``None``."""
+        return dict((("default", self.render), *self.renderings)).get(name)
+
+    def rendering_names(self) -> list[str]:
+        """The names :meth:`rendering` knows."""
+        return ["default", *(name for name, _ in self.renderings)]
 
 
 _REACH = "What is the probability that you {} before the episode ends, if you play optimally from here?"
@@ -210,6 +235,7 @@ TOY_TEXT = {
         ("south", "north", "east", "west", "pickup", "dropoff"),
         taxi_goal,
         _REACH.format("deliver the passenger"),
+        renderings=(("short", taxi_short_text),),
     ),
     "CliffWalkingEnv": ToyTextSpec(
         cliffwalking_text, ("up", "right", "down", "left"), cliffwalking_goal, _REACH.format("reach G")
