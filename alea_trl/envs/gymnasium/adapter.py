@@ -15,7 +15,8 @@ Design decisions:
    text states them (and the discount when it is not 1). A horizon above the env's own time limit is refused. The
    discount is the oracle's: outcome mode (no oracle) refuses one below 1 rather than print it and sum undiscounted.
 4. The state text comes from ``render(obs, env)``: a user function, or a built-in rendering of the Gymnasium class
-   (``renderings.TOY_TEXT``; by name, so a YAML config can pick one); action names from ``action_names``, the built-in table, or ``action 0``, ``action 1``.
+   (``renderings.TOY_TEXT``; by name, so a YAML config can pick one); action names from ``action_names``, the
+   built-in table, or ``action 0``, ``action 1``.
 5. Solved models are cached per Gymnasium id and settings, so the many copies of an env in an episode pool solve once.
 """
 
@@ -86,7 +87,7 @@ class GymnasiumEnv(AleaEnv):
             zero-argument factory of one.
         name (`str`, *optional*): the env's name (default ``gym-<id>``).
         render (`Callable` or `str`, *optional*): ``render(obs, env) -> str``, or the name of a built-in rendering
-            of the Gymnasium class (``"default"``; Taxi also ``"short"``: no map, about a quarter of the tokens);
+            of the Gymnasium class (``"default"``; Taxi also ``"short"``: no map, about a third of the tokens);
             default: the built-in rendering of the Gymnasium class, else ``"Observation: <obs>."``.
         action_names (`Sequence[str]`, *optional*): one distinct name per action.
         model (`bool` or `TabularModel`, defaults to `True`): use the env's model (``unwrapped.P``, or Blackjack's)
@@ -155,12 +156,12 @@ class GymnasiumEnv(AleaEnv):
             raise ValueError(f"env {self.name!r}: field 'action_names': need {self.n_actions} names, got {len(names)}")
         self.action_names = names
         if isinstance(render, str):  # a built-in rendering by name (YAML and --env_kwargs cannot pass a function)
-            named = spec.rendering(render) if spec else None
+            named = spec.rendering(render) if spec else {"default": _default_text}.get(render)
             if named is None:
-                known = spec.rendering_names() if spec else []
+                known = spec.rendering_names() if spec else ["default"]
                 raise ValueError(
                     f"env {self.name!r}: field 'render': {render!r} is not a built-in rendering of "
-                    f"{type(self.unwrapped).__name__} (built in: {', '.join(map(repr, known)) or 'none'}); pass a "
+                    f"{type(self.unwrapped).__name__} (built in: {', '.join(map(repr, known))}); pass a "
                     "function render(obs, env) -> str"
                 )
             render = named

@@ -111,10 +111,12 @@ def taxi_text(obs: int, env) -> str:
 
 
 def taxi_short_text(obs: int, env) -> str:
-    """Taxi without the map: where the passenger, the destination and the taxi are, in about a quarter of
-    :func:`taxi_text`'s tokens. The walls and the rewards are Gymnasium's Taxi's and are not restated: the model learns
-    them from the rewards, as an agent that sees Gymnasium's integer observation does. Rain, when on, is stated (it
-    changes where a move goes)."""
+    """Taxi without the map: where the passenger, the destination and the taxi are.
+
+    About a third of :func:`taxi_text`'s tokens. The walls and the rewards are Gymnasium's Taxi's and are not restated:
+    the model learns them from the rewards, as an agent that sees Gymnasium's integer observation does. Rain, when on,
+    is stated (it changes where a move goes).
+    """
     taxi = env.unwrapped
     row, col, passenger, dest = taxi.decode(int(obs))
     where = "is in the taxi" if passenger == 4 else f"waits at {_STANDS[passenger]} ({_cell(*taxi.locs[passenger])})"
