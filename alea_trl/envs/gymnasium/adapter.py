@@ -156,15 +156,14 @@ class GymnasiumEnv(AleaEnv):
             raise ValueError(f"env {self.name!r}: field 'action_names': need {self.n_actions} names, got {len(names)}")
         self.action_names = names
         if isinstance(render, str):  # a built-in rendering by name (YAML and --env_kwargs cannot pass a function)
-            named = spec.rendering(render) if spec else {"default": _default_text}.get(render)
-            if named is None:
-                known = spec.rendering_names() if spec else ["default"]
+            named = spec.named_renderings() if spec else {"default": _default_text}
+            if render not in named:
                 raise ValueError(
                     f"env {self.name!r}: field 'render': {render!r} is not a built-in rendering of "
-                    f"{type(self.unwrapped).__name__} (built in: {', '.join(map(repr, known))}); pass a "
+                    f"{type(self.unwrapped).__name__} (built in: {', '.join(map(repr, named))}); pass a "
                     "function render(obs, env) -> str"
                 )
-            render = named
+            render = named[render]
         self.render = render or (spec.render if spec else _default_text)
         self.state_of = state or (spec.state if spec and spec.state else None)
         self.discount = exact_decimal(self.name, "discount", discount, 4)

@@ -217,13 +217,9 @@ class ToyTextSpec:
     state: Callable | None = None
     renderings: tuple[tuple[str, Callable], ...] = ()
 
-    def rendering(self, name: str) -> Callable | None:
-        """The built-in rendering called ``name`` (``"default"``: :attr:`render`), or ``None``."""
-        return dict((("default", self.render), *self.renderings)).get(name)
-
-    def rendering_names(self) -> list[str]:
-        """The names :meth:`rendering` knows."""
-        return ["default", *(name for name, _ in self.renderings)]
+    def named_renderings(self) -> dict[str, Callable]:
+        """Every built-in rendering by name: ``"default"`` (:attr:`render`), then :attr:`renderings`."""
+        return {"default": self.render, **dict(self.renderings)}
 
 
 _REACH = "What is the probability that you {} before the episode ends, if you play optimally from here?"
